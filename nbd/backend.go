@@ -1,0 +1,52 @@
+// Package nbd is the server side of the Network Block Device protocol (fixed newstyle
+// handshake, simple and structured replies), as specified in NetworkBlockDevice/nbd
+// doc/proto.md. It knows nothing of encryption: it serves any Backend.
+package nbd
+
+// Flags qualify one write-type request.
+type Flags uint16
+
+const (
+	// FUA: the write must be durable before the reply (NBD_CMD_FLAG_FUA).
+	FUA Flags = 1 << iota
+	// NoHole: WriteZeroes must allocate rather than punch (NBD_CMD_FLAG_NO_HOLE).
+	NoHole
+	// FastZero: WriteZeroes must fail with an error wrapping syscall.ENOTSUP unless it is
+	// faster than writing zeroes would be (NBD_CMD_FLAG_FAST_ZERO).
+	FastZero
+)
+
+// Backend is what an export serves. Every method is called concurrently from many
+// requests and connections. Offsets and lengths are already checked against Size and
+// the export's block sizes when a method is called.
+//
+// Errors are per request: the server replies with an NBD error and the connection goes
+// on. The NBD error code comes from the syscall.Errno that the error wraps (errors.Is):
+// EPERM, EIO, ENOMEM, EINVAL, ENOSPC, EOVERFLOW, ENOTSUP, ESHUTDOWN; anything else is EIO.
+type Backend interface {
+	// Size is the export's size in bytes; it does not change while served.
+	Size() int64
+	ReadAt(p []byte, off int64) error
+	WriteAt(p []byte, off int64, flags Flags) error
+	// WriteZeroes makes [off, off+length) read as zeroes (flags: FUA, NoHole, FastZero).
+	WriteZeroes(off, length int64, flags Flags) error
+	// Trim tells the backend that [off, off+length) is no longer needed; it may then read
+	// as anything (for eli: zeroes).
+	Trim(off, length int64, flags Flags) error
+	// Flush makes every write that completed before it durable.
+	Flush() error
+}
+
+// Export is one named export.
+type Export struct {
+	Name        string // "" is the default export
+	Description string
+	Backend     Backend
+	ReadOnly    bool
+	// Block sizes advertised with NBD_INFO_BLOCK_SIZE. Zero values take defaults:
+	// minimum 1, preferred 4096, maximum 32 MiB.
+	MinBlock, PreferredBlock, MaxBlock uint32
+	// MultiConn advertises NBD_FLAG_CAN_MULTI_CONN: the backend's Flush covers writes
+	// completed on every connection, not just the caller's.
+	MultiConn bool
+}

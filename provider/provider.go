@@ -1,0 +1,184 @@
+// Package provider opens the storage that holds an eli volume: a regular file or a block
+// device. It hides the differences (size, sync, punching holes, locking) behind Provider,
+// the small interface keys/ and blockdev/ do their I/O through, so tests can put a
+// crash-recording or fault-injecting wrapper in its place.
+package provider
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Provider is random-access storage with a durable barrier.
+type Provider interface {
+	io.ReaderAt
+	io.WriterAt
+	// Sync makes every completed WriteAt (and Punch) durable.
+	Sync() error
+	// Size is the provider's size in bytes.
+	Size() int64
+}
+
+// Puncher is implemented by providers that can drop a range cheaply, so that it reads
+// as zeroes (a hole in a file, a zeroed or discarded range on a device).
+type Puncher interface {
+	Punch(off, length int64) error
+}
+
+// ErrInUse is returned by Lock when another process holds the provider.
+var ErrInUse = errors.New("provider is in use (attached by another eli process?)")
+
+// File is a Provider backed by a regular file or a block device.
+type File struct {
+	f       *os.File
+	path    string
+	size    int64
+	isBlock bool
+}
+
+// Open opens path for reading, and for writing unless readOnly. It does not lock.
+func Open(path string, readOnly bool) (*File, error) {
+	flag := os.O_RDWR
+	if readOnly {
+		flag = os.O_RDONLY
+	}
+	f, err := os.OpenFile(path, flag|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open provider: %w", err)
+	}
+	p := &File{f: f, path: path}
+	if err := p.refreshSize(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *File) refreshSize() error {
+	st, err := p.f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat provider %s: %w", p.path, err)
+	}
+	switch {
+	case st.Mode().IsRegular():
+		p.size = st.Size()
+	case st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0:
+		n, err := unix.IoctlGetUint64(int(p.f.Fd()), unix.BLKGETSIZE64)
+		if err != nil {
+			return fmt.Errorf("size of block device %s: %w", p.path, err)
+		}
+		p.size, p.isBlock = int64(n), true
+	default:
+		return fmt.Errorf("provider %s is neither a regular file nor a block device", p.path)
+	}
+	return nil
+}
+
+// Path is the name the provider was opened by.
+func (p *File) Path() string { return p.path }
+
+// Fd exposes the descriptor, for identity checks (fstat) by callers.
+func (p *File) Fd() uintptr { return p.f.Fd() }
+
+// IsBlockDevice reports whether the provider is a block device rather than a file.
+func (p *File) IsBlockDevice() bool { return p.isBlock }
+
+func (p *File) Size() int64 { return p.size }
+
+func (p *File) ReadAt(b []byte, off int64) (int, error) { return p.f.ReadAt(b, off) }
+
+func (p *File) WriteAt(b []byte, off int64) (int, error) { return p.f.WriteAt(b, off) }
+
+// Sync uses fdatasync: eli never depends on file metadata other than the size, which
+// Extend syncs itself.
+func (p *File) Sync() error {
+	for {
+		err := unix.Fdatasync(int(p.f.Fd()))
+		if err != unix.EINTR {
+			if err != nil {
+				return fmt.Errorf("sync provider: %w", err)
+			}
+			return nil
+		}
+	}
+}
+
+// Punch makes [off, off+length) read as zeroes without writing them where the provider
+// allows it: a hole in a file, BLKZEROOUT on a block device (which the device may offload).
+func (p *File) Punch(off, length int64) error {
+	if length <= 0 {
+		return nil
+	}
+	fd := int(p.f.Fd())
+	if p.isBlock {
+		r := [2]uint64{uint64(off), uint64(length)}
+		if err := ioctlPtr(fd, unix.BLKZEROOUT, &r); err != nil {
+			return fmt.Errorf("zero range on %s: %w", p.path, err)
+		}
+		return nil
+	}
+	err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length)
+	if err == unix.EOPNOTSUPP || err == unix.ENOSYS {
+		return writeZeroes(p.f, off, length)
+	}
+	if err != nil {
+		return fmt.Errorf("punch hole in %s: %w", p.path, err)
+	}
+	return nil
+}
+
+// writeZeroes is Punch's fallback on filesystems without hole punching.
+func writeZeroes(w io.WriterAt, off, length int64) error {
+	zero := make([]byte, min(length, 1<<20))
+	for length > 0 {
+		n := min(length, int64(len(zero)))
+		if _, err := w.WriteAt(zero[:n], off); err != nil {
+			return err
+		}
+		off += n
+		length -= n
+	}
+	return nil
+}
+
+// Extend grows a regular file to size bytes (sparse) and syncs the new size. It refuses
+// to shrink and is an error on block devices.
+func (p *File) Extend(size int64) error {
+	if p.isBlock {
+		return fmt.Errorf("cannot resize block device %s from eli: grow the device itself", p.path)
+	}
+	if size < p.size {
+		return fmt.Errorf("refusing to shrink %s from %d to %d bytes", p.path, p.size, size)
+	}
+	if size == p.size {
+		return nil
+	}
+	if err := p.f.Truncate(size); err != nil {
+		return fmt.Errorf("extend %s: %w", p.path, err)
+	}
+	if err := p.f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", p.path, err)
+	}
+	return p.refreshSize()
+}
+
+// Lock takes an exclusive advisory lock on the provider for as long as it stays open.
+// It fails at once with ErrInUse if another open file description holds it.
+func (p *File) Lock() error {
+	err := unix.Flock(int(p.f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	if err == unix.EWOULDBLOCK {
+		return fmt.Errorf("%s: %w", p.path, ErrInUse)
+	}
+	if err != nil {
+		return fmt.Errorf("lock %s: %w", p.path, err)
+	}
+	return nil
+}
+
+// Close releases the lock (if held) and the descriptor.
+func (p *File) Close() error { return p.f.Close() }
