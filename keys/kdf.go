@@ -1,0 +1,128 @@
+package keys
+
+import (
+	"crypto/rand"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/argon2"
+	"golang.org/x/sys/unix"
+)
+
+// KDFParams are one keyslot's Argon2id (version 0x13) parameters.
+type KDFParams struct {
+	Time      uint32 // passes over memory, 1..1000
+	MemoryKiB uint32 // 8·Threads KiB .. 4 GiB
+	Threads   uint8  // lanes, 1..255
+}
+
+// Bounds on what a header may ask for, so that a hostile header cannot exhaust the
+// machine that opens it.
+const (
+	MaxKDFTime      = 1000
+	MaxKDFMemoryKiB = 4 << 20 // 4 GiB
+)
+
+// Default calibration inputs (see Calibrate).
+const (
+	DefaultKDFTarget = time.Second
+	defaultMemoryMiB = 512
+	minDefaultMiB    = 256
+	maxDefaultMiB    = 1024
+)
+
+const kekSize = 32
+
+// Validate reports whether p is within the bounds eli accepts; the error wraps
+// ErrKDFParams.
+func (p KDFParams) Validate() error {
+	switch {
+	case p.Time < 1 || p.Time > MaxKDFTime:
+		return newError(ErrKDFParams, "KDF parameters out of range: %d passes (want 1..%d)", p.Time, MaxKDFTime)
+	case p.Threads < 1:
+		return newError(ErrKDFParams, "KDF parameters out of range: 0 threads (want 1..255)")
+	case p.MemoryKiB < 8*uint32(p.Threads) || p.MemoryKiB > MaxKDFMemoryKiB:
+		// RFC 9106 section 3.1: memory is at least 8·p KiB.
+		return newError(ErrKDFParams, "KDF parameters out of range: memory %d KiB (want %d..%d KiB for %d threads)",
+			p.MemoryKiB, 8*uint32(p.Threads), MaxKDFMemoryKiB, p.Threads)
+	}
+	return nil
+}
+
+func (p KDFParams) String() string {
+	return fmt.Sprintf("argon2id t=%d m=%d KiB p=%d", p.Time, p.MemoryKiB, p.Threads)
+}
+
+// kek derives a keyslot's key-encryption key from the credentials' ikm.
+func (p KDFParams) kek(ikm *Secret, salt []byte) *Secret {
+	k := argon2.IDKey(ikm.Bytes(), salt, p.Time, p.MemoryKiB, p.Threads, kekSize)
+	s := secretFrom(k)
+	clear(k)
+	return s
+}
+
+// Calibrate returns Argon2id parameters whose derivation takes about target on this
+// machine, by timing one pass at the chosen memory and threads. Zero arguments take the
+// defaults: target DefaultKDFTarget; memory 512 MiB clamped to [256 MiB, 1 GiB] and to a
+// quarter of the memory this process may use; threads min(4, NumCPU). An explicit
+// memoryMiB is used as given (within the bounds of KDFParams.Validate).
+func Calibrate(target time.Duration, memoryMiB, threads int) (KDFParams, error) {
+	if target <= 0 {
+		target = DefaultKDFTarget
+	}
+	if threads <= 0 {
+		threads = min(4, runtime.NumCPU())
+	}
+	if memoryMiB <= 0 {
+		memoryMiB = defaultMemory(availableMemory())
+	}
+	if threads > 255 || memoryMiB > MaxKDFMemoryKiB/1024 {
+		return KDFParams{}, newError(ErrKDFParams, "KDF parameters out of range: %d MiB, %d threads", memoryMiB, threads)
+	}
+	p := KDFParams{Time: 1, MemoryKiB: uint32(memoryMiB) * 1024, Threads: uint8(threads)}
+	if err := p.Validate(); err != nil {
+		return KDFParams{}, err
+	}
+	salt := make([]byte, 32)
+	if _, err := rand.Read(salt); err != nil {
+		return KDFParams{}, fmt.Errorf("calibrate KDF: %w", err)
+	}
+	// One pass includes allocating and touching the memory, which a real derivation pays
+	// too, so target/one-pass slightly undershoots rather than overshoots the target.
+	start := time.Now()
+	argon2.IDKey([]byte("eli calibration"), salt, 1, p.MemoryKiB, p.Threads, kekSize)
+	one := max(time.Since(start), time.Microsecond)
+	passes := (target + one/2) / one
+	p.Time = uint32(min(max(passes, 1), MaxKDFTime))
+	return p, nil
+}
+
+// defaultMemory picks the default Argon2 memory in MiB for a machine where avail bytes
+// are available (0: unknown).
+func defaultMemory(avail uint64) int {
+	m := min(max(defaultMemoryMiB, minDefaultMiB), maxDefaultMiB)
+	if avail > 0 {
+		m = min(m, int(avail/4>>20))
+	}
+	return max(m, 8)
+}
+
+// availableMemory is the physical memory, or the cgroup (v2) limit when that is lower; 0
+// if neither is known.
+func availableMemory() uint64 {
+	var total uint64
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil {
+		total = uint64(si.Totalram) * uint64(si.Unit)
+	}
+	if b, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
+		if lim, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && (total == 0 || lim < total) {
+			total = lim
+		}
+	}
+	return total
+}
