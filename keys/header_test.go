@@ -2,9 +2,9 @@ package keys
 
 import (
 	"bytes"
-	"fmt"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
