@@ -37,6 +37,13 @@ type Backend interface {
 	Flush() error
 }
 
+// Cacher is an optional Backend extension: NBD_CMD_CACHE calls Cache so the backend can
+// warm whatever it caches for [off, off+length). Without it, CACHE succeeds and does
+// nothing, which proto.md allows ("there is no guarantee of an actual performance gain").
+type Cacher interface {
+	Cache(off, length int64) error
+}
+
 // Export is one named export.
 type Export struct {
 	Name        string // "" is the default export
@@ -44,7 +51,10 @@ type Export struct {
 	Backend     Backend
 	ReadOnly    bool
 	// Block sizes advertised with NBD_INFO_BLOCK_SIZE. Zero values take defaults:
-	// minimum 1, preferred 4096, maximum 32 MiB.
+	// minimum 1, preferred 4096, maximum 32 MiB. The server enforces them: a request
+	// not aligned to MinBlock, or a READ/WRITE/CACHE longer than MaxBlock, fails with
+	// EINVAL before the backend sees it. For eli, MinBlock and PreferredBlock are the
+	// volume's sector size.
 	MinBlock, PreferredBlock, MaxBlock uint32
 	// MultiConn advertises NBD_FLAG_CAN_MULTI_CONN: the backend's Flush covers writes
 	// completed on every connection, not just the caller's.

@@ -1,0 +1,328 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// readBufSize lets one read syscall take in many small requests at once.
+const readBufSize = 64 << 10
+
+// conn is one client connection, from the greeting to the close.
+type conn struct {
+	s     *Server
+	nc    net.Conn // as accepted
+	rw    net.Conn // nc, or the TLS session over it after NBD_OPT_STARTTLS
+	log   *slog.Logger
+	start time.Time
+
+	// Negotiated in the handshake.
+	tlsUp      bool
+	structured bool
+	exp        *export
+	optBuf     []byte
+
+	inTransmission bool // guarded by s.mu
+
+	local    *limiter
+	done     chan struct{} // closed to make a reader waiting for budget give up
+	doneOnce sync.Once
+	stopping atomic.Bool
+	work     chan *request
+	nworkers int
+	workers  sync.WaitGroup
+	out      replyWriter
+	wrote    atomic.Bool // a write-type request ran, so a final flush is due
+
+	requests, failed atomic.Uint64
+}
+
+// request is one transmission-phase request; its buf holds the WRITE payload or the READ
+// data and is pooled.
+type request struct {
+	flags, typ uint16
+	handle     uint64
+	off        uint64
+	length     uint32
+	held       int64 // budget bytes taken
+	buf        *[]byte
+}
+
+var requestPool = sync.Pool{New: func() any { return new(request) }}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	c := &conn{
+		s:     s,
+		nc:    nc,
+		rw:    nc,
+		start: time.Now(),
+		done:  make(chan struct{}),
+		local: newLimiter(s.maxInFlightPerConn(), s.maxBytesPerConn()),
+	}
+	c.log = s.log.With("remote", remoteName(nc))
+	c.out.w = nc
+	return c
+}
+
+func (c *conn) serve() {
+	defer c.s.forget(c)
+	c.log.Info("nbd: connection opened")
+	if err := c.handshake(); err != nil {
+		c.nc.Close()
+		level := slog.LevelInfo
+		var pe *protocolError
+		if errors.As(err, &pe) {
+			level = slog.LevelWarn
+		}
+		c.log.Log(context.Background(), level, "nbd: connection closed in handshake", "reason", err.Error(), "duration", time.Since(c.start).Round(time.Millisecond))
+		return
+	}
+	if !c.s.enterTransmission(c) {
+		c.rw.Close()
+		c.log.Info("nbd: connection closed in handshake", "reason", "server shutting down")
+		return
+	}
+	reason, level := c.transmit()
+	attrs := []any{"export", c.exp.Name, "reason", reason,
+		"requests", c.requests.Load(), "errors", c.failed.Load(),
+		"duration", time.Since(c.start).Round(time.Millisecond)}
+	if err := c.out.failure(); err != nil {
+		attrs = append(attrs, "write_error", err.Error())
+	}
+	c.log.Log(context.Background(), level, "nbd: connection closed", attrs...)
+}
+
+// stop asks a connection in transmission to end gracefully: no new requests, those in
+// flight finish and are answered.
+func (c *conn) stop() {
+	c.stopping.Store(true)
+	c.closeDone()
+	// Wake the reader if it waits for a request; the deadline also fails any read that
+	// starts later.
+	c.rw.SetReadDeadline(time.Now())
+}
+
+// abort ends the connection at once.
+func (c *conn) abort() {
+	c.closeDone()
+	c.nc.Close()
+}
+
+func (c *conn) closeDone() { c.doneOnce.Do(func() { close(c.done) }) }
+
+// transmit runs the transmission phase: it reads requests until the client leaves, the
+// protocol breaks or the server stops, then waits for the requests in flight, flushes
+// the backend if anything was written, and closes.
+func (c *conn) transmit() (string, slog.Level) {
+	c.out.w = c.rw
+	c.work = make(chan *request)
+	br := bufio.NewReaderSize(c.rw, readBufSize)
+	reason, level := c.readLoop(br)
+	close(c.work)
+	c.workers.Wait()
+	if c.wrote.Load() {
+		if err := c.exp.Backend.Flush(); err != nil {
+			c.log.Error("nbd: flush at disconnect failed", "export", c.exp.Name, "err", err)
+		}
+	}
+	// For TLS this sends close_notify first, as proto.md asks on NBD_CMD_DISC.
+	c.rw.Close()
+	return reason, level
+}
+
+func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
+	var h [requestHeaderLen]byte
+	for {
+		if _, err := io.ReadFull(br, h[:]); err != nil {
+			return c.readFailure(err, true)
+		}
+		r := request{
+			flags:  binary.BigEndian.Uint16(h[4:]),
+			typ:    binary.BigEndian.Uint16(h[6:]),
+			handle: binary.BigEndian.Uint64(h[8:]),
+			off:    binary.BigEndian.Uint64(h[16:]),
+			length: binary.BigEndian.Uint32(h[24:]),
+		}
+		if m := binary.BigEndian.Uint32(h[0:]); m != magicRequest {
+			return fmt.Sprintf("protocol error: bad request magic %#08x", m), slog.LevelWarn
+		}
+		if r.typ == cmdDisc {
+			return "client disconnected", slog.LevelInfo
+		}
+		c.requests.Add(1)
+		if r.typ == cmdWrite && r.length > MaxRequest {
+			// Reading the payload would mean holding it; proto.md lets the server
+			// treat such a length as a denial of service and disconnect.
+			return fmt.Sprintf("protocol error: write of %d bytes exceeds the %d-byte limit", r.length, MaxRequest), slog.LevelWarn
+		}
+		if code, msg := c.check(&r); code != 0 {
+			if r.typ == cmdWrite {
+				// Take the payload off the wire without holding it.
+				if _, err := io.CopyN(io.Discard, br, int64(r.length)); err != nil {
+					return c.readFailure(err, false)
+				}
+			}
+			c.failed.Add(1)
+			c.replyError(&r, code, msg, -1)
+			continue
+		}
+		var held int64
+		if r.typ == cmdRead || r.typ == cmdWrite {
+			held = int64(r.length)
+		}
+		if !c.local.acquire(held, c.done) {
+			return c.readFailure(net.ErrClosed, false)
+		}
+		if !c.s.global.acquire(held, c.done) {
+			c.local.release(held)
+			return c.readFailure(net.ErrClosed, false)
+		}
+		req := requestPool.Get().(*request)
+		*req = r
+		req.held = held
+		if held > 0 {
+			req.buf = getBuf(int(held))
+		}
+		if r.typ == cmdWrite && held > 0 {
+			if _, err := io.ReadFull(br, *req.buf); err != nil {
+				c.release(req)
+				return c.readFailure(err, false)
+			}
+		}
+		c.dispatch(req)
+	}
+}
+
+func (c *conn) readFailure(err error, betweenRequests bool) (string, slog.Level) {
+	switch {
+	case c.stopping.Load():
+		return "server shutting down", slog.LevelInfo
+	case betweenRequests && errors.Is(err, io.EOF):
+		return "client closed the connection without NBD_CMD_DISC", slog.LevelInfo
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return "client closed the connection in the middle of a request", slog.LevelWarn
+	case errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded):
+		return "connection closed by the server", slog.LevelInfo
+	}
+	return "read error: " + err.Error(), slog.LevelWarn
+}
+
+// check validates a request against the export before any backend work, returning an NBD
+// error value and a message, or 0. The rules are proto.md's "Request types", "Block size
+// constraints" and "Error values".
+func (c *conn) check(r *request) (uint32, string) {
+	x := c.exp
+	allowed := uint16(cmdFlagFUA) // valid on every command (proto.md "Command flags")
+	write := false
+	switch r.typ {
+	case cmdRead:
+		if c.structured {
+			allowed |= cmdFlagDF
+		}
+	case cmdWrite, cmdTrim:
+		write = true
+	case cmdWriteZeroes:
+		write = true
+		allowed |= cmdFlagNoHole | cmdFlagFastZero
+	case cmdFlush, cmdCache:
+	case cmdBlockStatus:
+		return errInval, "NBD_CMD_BLOCK_STATUS needs a metadata context; this server offers none"
+	default:
+		return errInval, fmt.Sprintf("unknown command %d", r.typ)
+	}
+	if r.flags&^allowed != 0 {
+		return errInval, fmt.Sprintf("command flags %#x are not valid for %s", r.flags&^allowed, cmdName(r.typ))
+	}
+	if write && x.ReadOnly {
+		return errPerm, "the export is read-only"
+	}
+	if r.typ == cmdFlush {
+		if r.off != 0 || r.length != 0 {
+			return errInval, "NBD_CMD_FLUSH must have zero offset and length"
+		}
+		return 0, ""
+	}
+	end := r.off + uint64(r.length)
+	if end < r.off || end > uint64(x.size) {
+		code := uint32(errInval)
+		if r.typ == cmdWrite || r.typ == cmdWriteZeroes {
+			code = errNoSpc
+		}
+		return code, fmt.Sprintf("%s of %d bytes at offset %d goes past the end of the export (%d bytes)", cmdName(r.typ), r.length, r.off, x.size)
+	}
+	if m := uint64(x.minBlock); r.off%m != 0 || uint64(r.length)%m != 0 {
+		return errInval, fmt.Sprintf("%s of %d bytes at offset %d is not aligned to the minimum block size %d", cmdName(r.typ), r.length, r.off, m)
+	}
+	// TRIM and WRITE_ZEROES carry no payload, so their length costs the server nothing
+	// and is not held to the maximum block size.
+	if (r.typ == cmdRead || r.typ == cmdWrite || r.typ == cmdCache) && r.length > x.max {
+		return errInval, fmt.Sprintf("%s of %d bytes exceeds the maximum block size %d", cmdName(r.typ), r.length, x.max)
+	}
+	return 0, ""
+}
+
+func cmdName(t uint16) string {
+	switch t {
+	case cmdRead:
+		return "NBD_CMD_READ"
+	case cmdWrite:
+		return "NBD_CMD_WRITE"
+	case cmdDisc:
+		return "NBD_CMD_DISC"
+	case cmdFlush:
+		return "NBD_CMD_FLUSH"
+	case cmdTrim:
+		return "NBD_CMD_TRIM"
+	case cmdCache:
+		return "NBD_CMD_CACHE"
+	case cmdWriteZeroes:
+		return "NBD_CMD_WRITE_ZEROES"
+	case cmdBlockStatus:
+		return "NBD_CMD_BLOCK_STATUS"
+	}
+	return fmt.Sprintf("command %d", t)
+}
+
+// dispatch hands req to an idle worker, starting one if none is idle and the connection
+// has fewer than its in-flight limit. Workers are reused rather than started per request,
+// which keeps the grown stacks of deep backends (crypto, I/O) warm.
+func (c *conn) dispatch(req *request) {
+	select {
+	case c.work <- req:
+		return
+	default:
+	}
+	if c.nworkers < c.s.maxInFlightPerConn() {
+		c.nworkers++
+		c.workers.Add(1)
+		go c.worker()
+	}
+	c.work <- req
+}
+
+func (c *conn) worker() {
+	defer c.workers.Done()
+	for req := range c.work {
+		c.handle(req)
+	}
+}
+
+func (c *conn) release(req *request) {
+	if req.buf != nil {
+		putBuf(req.buf)
+		req.buf = nil
+	}
+	c.s.global.release(req.held)
+	c.local.release(req.held)
+	requestPool.Put(req)
+}

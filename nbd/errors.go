@@ -1,0 +1,92 @@
+package nbd
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"unicode/utf8"
+)
+
+// OffsetError lets a backend say where inside a request it failed. A failed READ is then
+// answered with NBD_REPLY_TYPE_ERROR_OFFSET carrying Offset (when structured replies are in
+// use and Offset lies inside the request) rather than a bare NBD_REPLY_TYPE_ERROR, so a
+// client can tell which part of a long read was bad.
+type OffsetError struct {
+	Offset int64 // absolute offset in the export
+	Err    error
+}
+
+func (e *OffsetError) Error() string { return fmt.Sprintf("at offset %d: %v", e.Offset, e.Err) }
+func (e *OffsetError) Unwrap() error { return e.Err }
+
+// errnoTable maps the errno a backend error wraps to the NBD error value sent to the client
+// (proto.md "Error values": EDQUOT and EFBIG SHOULD become ENOSPC). EROFS and EACCES are a
+// refusal to write, which NBD spells EPERM.
+var errnoTable = []struct {
+	errno syscall.Errno
+	nbd   uint32
+}{
+	{syscall.EPERM, errPerm},
+	{syscall.EACCES, errPerm},
+	{syscall.EROFS, errPerm},
+	{syscall.EIO, errIO},
+	{syscall.ENOMEM, errNoMem},
+	{syscall.EINVAL, errInval},
+	{syscall.ENOSPC, errNoSpc},
+	{syscall.EDQUOT, errNoSpc},
+	{syscall.EFBIG, errNoSpc},
+	{syscall.EOVERFLOW, errOverflow},
+	{syscall.ENOTSUP, errNotSup},
+	{syscall.EOPNOTSUPP, errNotSup},
+	{syscall.ESHUTDOWN, errShutdown},
+}
+
+// nbdError maps a backend error to an NBD error value; anything unrecognised is EIO, the
+// one answer that never suggests the data is fine.
+func nbdError(err error) uint32 {
+	for _, e := range errnoTable {
+		if errors.Is(err, e.errno) {
+			return e.nbd
+		}
+	}
+	return errIO
+}
+
+// errorName is for log lines and messages.
+func errorName(code uint32) string {
+	switch code {
+	case errPerm:
+		return "EPERM"
+	case errIO:
+		return "EIO"
+	case errNoMem:
+		return "ENOMEM"
+	case errInval:
+		return "EINVAL"
+	case errNoSpc:
+		return "ENOSPC"
+	case errOverflow:
+		return "EOVERFLOW"
+	case errNotSup:
+		return "ENOTSUP"
+	case errShutdown:
+		return "ESHUTDOWN"
+	}
+	return fmt.Sprintf("error %d", code)
+}
+
+// wireMessage makes s fit the spec's string rules for a message sent to the client: valid
+// UTF-8, no NUL, and short (a human reads it; the log has the rest).
+func wireMessage(s string) string {
+	s = strings.ToValidUTF8(s, "?")
+	s = strings.ReplaceAll(s, "\x00", "?")
+	if len(s) <= maxErrorMessage {
+		return s
+	}
+	cut := maxErrorMessage
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}

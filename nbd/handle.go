@@ -1,0 +1,105 @@
+package nbd
+
+import (
+	"errors"
+	"syscall"
+)
+
+// zeroes is the source for WRITE_ZEROES when the backend cannot zero by itself. WriteAt
+// must not modify its argument (io.WriterAt's rule), so one shared buffer serves all.
+var zeroes [256 << 10]byte
+
+// handle runs one checked request against the backend and answers it.
+func (c *conn) handle(req *request) {
+	b := c.exp.Backend
+	off := int64(req.off)
+	n := int64(req.length)
+	var err error
+	switch req.typ {
+	case cmdRead:
+		if n == 0 {
+			c.replyRead(req, nil)
+			break
+		}
+		data := *req.buf
+		if err = b.ReadAt(data, off); err == nil {
+			c.replyRead(req, data)
+		}
+	case cmdWrite:
+		c.wrote.Store(true)
+		if n > 0 {
+			err = b.WriteAt(*req.buf, off, backendFlags(req.flags))
+		}
+	case cmdFlush:
+		err = b.Flush()
+	case cmdTrim:
+		c.wrote.Store(true)
+		if n > 0 {
+			err = b.Trim(off, n, backendFlags(req.flags))
+		}
+		if errors.Is(err, syscall.ENOTSUP) {
+			// TRIM is advisory (proto.md: "A server MAY discard ... but is not
+			// required to"), so a backend that cannot trim has done what was asked.
+			err = nil
+		}
+	case cmdWriteZeroes:
+		c.wrote.Store(true)
+		if n > 0 {
+			err = c.writeZeroes(off, n, req.flags)
+		}
+	case cmdCache:
+		if ca, ok := b.(Cacher); ok && n > 0 {
+			err = ca.Cache(off, n)
+		}
+	}
+	if err != nil {
+		c.failed.Add(1)
+		errOff := int64(-1)
+		var oe *OffsetError
+		if errors.As(err, &oe) && oe.Offset >= off && oe.Offset < off+n {
+			errOff = oe.Offset
+		}
+		c.replyError(req, nbdError(err), err.Error(), errOff)
+	} else if req.typ != cmdRead {
+		c.replyOK(req)
+	}
+	c.release(req)
+}
+
+func backendFlags(f uint16) Flags {
+	var b Flags
+	if f&cmdFlagFUA != 0 {
+		b |= FUA
+	}
+	if f&cmdFlagNoHole != 0 {
+		b |= NoHole
+	}
+	if f&cmdFlagFastZero != 0 {
+		b |= FastZero
+	}
+	return b
+}
+
+// writeZeroes asks the backend to zero the range. A backend that cannot (ENOTSUP) gets
+// zeroes written through WriteAt instead, since without NBD_CMD_FLAG_FAST_ZERO the server
+// MUST NOT fail with ENOTSUP (proto.md "NBD_CMD_WRITE_ZEROES"); with the flag, ENOTSUP is
+// the fast answer the client asked for.
+func (c *conn) writeZeroes(off, n int64, flags uint16) error {
+	b := c.exp.Backend
+	err := b.WriteZeroes(off, n, backendFlags(flags))
+	if err == nil || flags&cmdFlagFastZero != 0 || !errors.Is(err, syscall.ENOTSUP) {
+		return err
+	}
+	for n > 0 {
+		k := min(n, int64(len(zeroes)))
+		if err := b.WriteAt(zeroes[:k], off, 0); err != nil {
+			return err
+		}
+		off += k
+		n -= k
+	}
+	if flags&cmdFlagFUA != 0 {
+		return b.Flush()
+	}
+	return nil
+}

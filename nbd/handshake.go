@@ -1,0 +1,283 @@
+package nbd
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// protocolError ends a connection for a reason worth a warning in the log: the client
+// broke the protocol, or TLS failed.
+type protocolError struct{ msg string }
+
+func (e *protocolError) Error() string { return e.msg }
+
+func protoErrorf(format string, args ...any) error {
+	return &protocolError{"protocol error: " + fmt.Sprintf(format, args...)}
+}
+
+var errClientAbort = errors.New("client sent NBD_OPT_ABORT")
+
+// handshake runs the fixed newstyle negotiation (proto.md "Fixed newstyle negotiation") up
+// to the transmission phase; on success c.exp is the chosen export. It holds at most
+// maxOptionData bytes of option data, and the whole of it is bounded by the handshake
+// timeout and maxOptions.
+func (c *conn) handshake() error {
+	deadline := time.Now().Add(c.s.handshakeTimeout())
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		return fmt.Errorf("set handshake deadline: %w", err)
+	}
+	var g [18]byte
+	binary.BigEndian.PutUint64(g[0:], magicNBD)
+	binary.BigEndian.PutUint64(g[8:], magicOpt)
+	binary.BigEndian.PutUint16(g[16:], flagFixedNewstyle|flagNoZeroes)
+	if _, err := c.rw.Write(g[:]); err != nil {
+		return fmt.Errorf("send greeting: %w", err)
+	}
+	var cf [4]byte
+	if _, err := io.ReadFull(c.rw, cf[:]); err != nil {
+		return fmt.Errorf("read client flags: %w", err)
+	}
+	clientFlags := binary.BigEndian.Uint32(cf[:])
+	if clientFlags&^(flagCFixedNewstyle|flagCNoZeroes) != 0 {
+		// proto.md: "the server MUST drop the TCP connection if the client sets an
+		// unknown flag".
+		return protoErrorf("unknown client flags %#x", clientFlags)
+	}
+	if clientFlags&flagCFixedNewstyle == 0 {
+		return protoErrorf("client does not speak the fixed newstyle handshake")
+	}
+	noZeroes := clientFlags&flagCNoZeroes != 0
+
+	for n := 0; ; n++ {
+		if n == maxOptions {
+			return protoErrorf("more than %d options", maxOptions)
+		}
+		var h [optionHeaderLen]byte
+		if _, err := io.ReadFull(c.rw, h[:]); err != nil {
+			return fmt.Errorf("read option: %w", err)
+		}
+		if m := binary.BigEndian.Uint64(h[0:]); m != magicOpt {
+			return protoErrorf("bad option magic %#016x", m)
+		}
+		opt := binary.BigEndian.Uint32(h[8:])
+		length := binary.BigEndian.Uint32(h[12:])
+		if length > maxOptionSkip {
+			// proto.md lets a server hard-disconnect a client whose behaviour it deems
+			// a denial of service; no option this server knows comes near this size.
+			return protoErrorf("option %d carries %d bytes of data", opt, length)
+		}
+		if length > maxOptionData {
+			if _, err := io.CopyN(io.Discard, c.rw, int64(length)); err != nil {
+				return fmt.Errorf("skip option data: %w", err)
+			}
+			if opt == optExportName {
+				return protoErrorf("NBD_OPT_EXPORT_NAME with a %d-byte name", length)
+			}
+			if err := c.optReply(opt, repErrTooBig, []byte(fmt.Sprintf("option data of %d bytes is too long", length))); err != nil {
+				return err
+			}
+			continue
+		}
+		if cap(c.optBuf) < int(length) {
+			c.optBuf = make([]byte, length, maxOptionData)
+		}
+		data := c.optBuf[:length]
+		if _, err := io.ReadFull(c.rw, data); err != nil {
+			return fmt.Errorf("read option data: %w", err)
+		}
+		done, err := c.option(opt, data, noZeroes)
+		if err != nil || done {
+			if err == nil {
+				c.optBuf = nil
+				err = c.rw.SetDeadline(time.Time{})
+			}
+			return err
+		}
+	}
+}
+
+// option handles one option; done reports that the transmission phase begins.
+func (c *conn) option(opt uint32, data []byte, noZeroes bool) (done bool, err error) {
+	if c.s.TLSConfig != nil && !c.tlsUp && opt != optStartTLS && opt != optAbort {
+		// FORCEDTLS (proto.md "FORCEDTLS mode").
+		if opt == optExportName {
+			return false, protoErrorf("NBD_OPT_EXPORT_NAME before TLS on a server that requires TLS")
+		}
+		return false, c.optError(opt, repErrTLSReqd, "TLS is required: send NBD_OPT_STARTTLS first")
+	}
+	switch opt {
+	case optExportName:
+		return true, c.exportName(data, noZeroes)
+	case optAbort:
+		// Reply, as proto.md asks, but the client may already be gone.
+		_ = c.optReply(opt, repAck, nil)
+		return false, errClientAbort
+	case optList:
+		if len(data) != 0 {
+			return false, c.optError(opt, repErrInvalid, "NBD_OPT_LIST takes no data")
+		}
+		for _, x := range c.s.table.list {
+			p := make([]byte, 4, 4+len(x.Name)+len(x.Description))
+			binary.BigEndian.PutUint32(p, uint32(len(x.Name)))
+			p = append(append(p, x.Name...), x.Description...)
+			if err := c.optReply(opt, repServer, p); err != nil {
+				return false, err
+			}
+		}
+		return false, c.optReply(opt, repAck, nil)
+	case optStartTLS:
+		return false, c.startTLS(data)
+	case optInfo, optGo:
+		return c.infoGo(opt, data)
+	case optStructuredReply:
+		if len(data) != 0 {
+			return false, c.optError(opt, repErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
+		}
+		c.structured = true
+		return false, c.optReply(opt, repAck, nil)
+	}
+	return false, c.optError(opt, repErrUnsup, fmt.Sprintf("option %d is not supported", opt))
+}
+
+func (c *conn) exportName(name []byte, noZeroes bool) error {
+	if len(name) > maxString {
+		return protoErrorf("export name of %d bytes", len(name))
+	}
+	x, ok := c.s.table.byName[string(name)]
+	if !ok {
+		// NBD_OPT_EXPORT_NAME cannot fail with a reply: the session ends.
+		return protoErrorf("NBD_OPT_EXPORT_NAME for unknown export %q", wireMessage(string(name)))
+	}
+	c.exp = x
+	b := make([]byte, 10, 10+exportNameReplyZeroes)
+	binary.BigEndian.PutUint64(b[0:], uint64(x.size))
+	binary.BigEndian.PutUint16(b[8:], x.flags(c.structured))
+	if !noZeroes {
+		b = b[:10+exportNameReplyZeroes]
+	}
+	if _, err := c.rw.Write(b); err != nil {
+		return fmt.Errorf("send export info: %w", err)
+	}
+	return nil
+}
+
+// infoGo answers NBD_OPT_INFO and NBD_OPT_GO (proto.md "NBD_OPT_INFO (6) and NBD_OPT_GO
+// (7)"). The server sends NBD_INFO_EXPORT and NBD_INFO_BLOCK_SIZE always, and the name
+// and description when asked.
+func (c *conn) infoGo(opt uint32, data []byte) (bool, error) {
+	if len(data) < 6 {
+		return false, c.optError(opt, repErrInvalid, "option data too short")
+	}
+	nameLen := binary.BigEndian.Uint32(data)
+	if nameLen > uint32(len(data)-6) {
+		return false, c.optError(opt, repErrInvalid, "export name length exceeds the option data")
+	}
+	name := data[4 : 4+nameLen]
+	rest := data[4+nameLen:]
+	nreq := int(binary.BigEndian.Uint16(rest))
+	if len(rest) != 2+2*nreq {
+		return false, c.optError(opt, repErrInvalid, "information request count does not match the option data")
+	}
+	if len(name) > maxString {
+		return false, c.optError(opt, repErrInvalid, fmt.Sprintf("export name of %d bytes exceeds %d", len(name), maxString))
+	}
+	var wantName, wantDesc bool
+	for i := range nreq {
+		switch binary.BigEndian.Uint16(rest[2+2*i:]) {
+		case infoName:
+			wantName = true
+		case infoDescription:
+			wantDesc = true
+		}
+	}
+	x, ok := c.s.table.byName[string(name)]
+	if !ok {
+		return false, c.optError(opt, repErrUnknown, fmt.Sprintf("no export named %q", wireMessage(string(name))))
+	}
+
+	var p [infoBlockPayloadLen]byte
+	binary.BigEndian.PutUint16(p[0:], infoExport)
+	binary.BigEndian.PutUint64(p[2:], uint64(x.size))
+	binary.BigEndian.PutUint16(p[10:], x.flags(c.structured))
+	if err := c.optReply(opt, repInfo, p[:infoExportPayloadLen]); err != nil {
+		return false, err
+	}
+	binary.BigEndian.PutUint16(p[0:], infoBlockSize)
+	binary.BigEndian.PutUint32(p[2:], x.minBlock)
+	binary.BigEndian.PutUint32(p[6:], x.prefBlock)
+	binary.BigEndian.PutUint32(p[10:], x.max)
+	if err := c.optReply(opt, repInfo, p[:infoBlockPayloadLen]); err != nil {
+		return false, err
+	}
+	if wantName {
+		if err := c.optReply(opt, repInfo, infoString(infoName, x.Name)); err != nil {
+			return false, err
+		}
+	}
+	if wantDesc && x.Description != "" {
+		if err := c.optReply(opt, repInfo, infoString(infoDescription, x.Description)); err != nil {
+			return false, err
+		}
+	}
+	if err := c.optReply(opt, repAck, nil); err != nil {
+		return false, err
+	}
+	if opt == optGo {
+		c.exp = x
+		return true, nil
+	}
+	return false, nil
+}
+
+func infoString(typ uint16, s string) []byte {
+	b := make([]byte, 2, 2+len(s))
+	binary.BigEndian.PutUint16(b, typ)
+	return append(b, s...)
+}
+
+// startTLS answers NBD_OPT_STARTTLS and upgrades the connection. Negotiated state is
+// dropped, as proto.md requires ("the server MUST NOT preserve any negotiation state").
+func (c *conn) startTLS(data []byte) error {
+	const opt = optStartTLS
+	switch {
+	case c.s.TLSConfig == nil:
+		return c.optError(opt, repErrPolicy, "TLS is not configured on this server")
+	case c.tlsUp:
+		return c.optError(opt, repErrInvalid, "TLS is already running")
+	case len(data) != 0:
+		return c.optError(opt, repErrInvalid, "NBD_OPT_STARTTLS takes no data")
+	}
+	if err := c.optReply(opt, repAck, nil); err != nil {
+		return err
+	}
+	tc := tls.Server(c.nc, c.s.TLSConfig)
+	// The connection's handshake deadline still bounds the TLS handshake.
+	if err := tc.HandshakeContext(context.Background()); err != nil {
+		return &protocolError{"TLS handshake failed: " + err.Error()}
+	}
+	c.rw = tc
+	c.tlsUp = true
+	c.structured = false
+	return nil
+}
+
+func (c *conn) optError(opt, typ uint32, msg string) error {
+	return c.optReply(opt, typ, []byte(wireMessage(msg)))
+}
+
+func (c *conn) optReply(opt, typ uint32, data []byte) error {
+	b := make([]byte, optionReplyHeaderLen, optionReplyHeaderLen+len(data))
+	binary.BigEndian.PutUint64(b[0:], magicOptReply)
+	binary.BigEndian.PutUint32(b[8:], opt)
+	binary.BigEndian.PutUint32(b[12:], typ)
+	binary.BigEndian.PutUint32(b[16:], uint32(len(data)))
+	if _, err := c.rw.Write(append(b, data...)); err != nil {
+		return fmt.Errorf("send option reply: %w", err)
+	}
+	return nil
+}

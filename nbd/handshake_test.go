@@ -1,0 +1,302 @@
+package nbd
+
+import (
+	"encoding/binary"
+	"strings"
+	"testing"
+)
+
+func oneExportServer(b Backend, mod func(*Export)) *Server {
+	e := Export{Name: "", Description: "test disk", Backend: b, MultiConn: true}
+	if mod != nil {
+		mod(&e)
+	}
+	return &Server{Exports: []Export{e}}
+}
+
+func TestGreetingAndClientFlags(t *testing.T) {
+	t.Parallel()
+	path := serveUnix(t, oneExportServer(newMem(1<<20), nil))
+	tests := []struct {
+		name   string
+		flags  uint32
+		closes bool
+	}{
+		{"fixed newstyle", flagCFixedNewstyle, false},
+		{"fixed newstyle, no zeroes", flagCFixedNewstyle | flagCNoZeroes, false},
+		{"not fixed newstyle", 0, true},
+		{"unknown flag", flagCFixedNewstyle | 1<<5, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rc := dialRaw(t, path)
+			hs, err := rc.greet(tc.flags)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hs != flagFixedNewstyle|flagNoZeroes {
+				t.Errorf("handshake flags %#x, want fixed newstyle and no zeroes", hs)
+			}
+			if tc.closes {
+				rc.expectClosed(t)
+				return
+			}
+			if err := rc.sendOpt(optList, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := rc.readOptReplies(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestOptions drives option haggling with a raw client: every case is a sequence of
+// options and the replies each must get; the session must go on after every error reply.
+func TestOptions(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	srv := &Server{Exports: []Export{
+		{Name: "", Description: "default disk", Backend: mem, MultiConn: true},
+		{Name: "ro", Backend: newMem(64 << 10), ReadOnly: true, MinBlock: 512, PreferredBlock: 4096, MaxBlock: 1 << 20},
+	}}
+	path := serveUnix(t, srv)
+	big := strings.Repeat("x", maxString+1)
+	tests := []struct {
+		name string
+		opt  uint32
+		data []byte
+		want []uint32 // reply types, last one final
+	}{
+		{"unknown option", 999, []byte("junk"), []uint32{repErrUnsup}},
+		{"peek export", optPeekExport, nil, []uint32{repErrUnsup}},
+		{"set meta context", optSetMetaContext, []byte{0, 0, 0, 0, 0, 0, 0, 0}, []uint32{repErrUnsup}},
+		{"extended headers", optExtendedHeaders, nil, []uint32{repErrUnsup}},
+		{"list", optList, nil, []uint32{repServer, repServer, repAck}},
+		{"list with data", optList, []byte{1}, []uint32{repErrInvalid}},
+		{"structured reply", optStructuredReply, nil, []uint32{repAck}},
+		{"structured reply with data", optStructuredReply, []byte{1}, []uint32{repErrInvalid}},
+		{"starttls without TLS configured", optStartTLS, nil, []uint32{repErrPolicy}},
+		{"info default", optInfo, goData("", infoName, infoDescription), []uint32{repInfo, repInfo, repInfo, repInfo, repAck}},
+		{"info unknown export", optInfo, goData("nope"), []uint32{repErrUnknown}},
+		{"info name too long", optInfo, goData(big), []uint32{repErrInvalid}},
+		{"info short data", optInfo, []byte{0, 0}, []uint32{repErrInvalid}},
+		{"info name length past data", optInfo, []byte{0, 0, 1, 0, 0, 0}, []uint32{repErrInvalid}},
+		{"info request count mismatch", optInfo, append(goData("ro"), 0), []uint32{repErrInvalid}},
+		{"go unknown export", optGo, goData("nope"), []uint32{repErrUnknown}},
+		{"oversized option data", 999, make([]byte, maxOptionData+1), []uint32{repErrTooBig}},
+		{"oversized info", optInfo, make([]byte, maxOptionSkip), []uint32{repErrTooBig}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rc := dialRaw(t, path)
+			if _, err := rc.greet(flagCFixedNewstyle); err != nil {
+				t.Fatal(err)
+			}
+			if err := rc.sendOpt(tc.opt, tc.data); err != nil {
+				t.Fatal(err)
+			}
+			rs, err := rc.readOptReplies()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []uint32
+			for _, r := range rs {
+				if r.opt != tc.opt {
+					t.Errorf("reply for option %d, want %d", r.opt, tc.opt)
+				}
+				got = append(got, r.typ)
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("reply types %#x, want %#x", got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Fatalf("reply types %#x, want %#x", got, tc.want)
+				}
+			}
+			// The session goes on: a GO must still work.
+			if err := rc.sendOpt(optGo, goData("")); err != nil {
+				t.Fatal(err)
+			}
+			rs, err = rc.readOptReplies()
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := parseInfos(rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.size != 1<<20 {
+				t.Fatalf("size %d after %s", info.size, tc.name)
+			}
+		})
+	}
+}
+
+func TestInfoContents(t *testing.T) {
+	t.Parallel()
+	srv := &Server{Exports: []Export{
+		{Name: "", Description: "default disk", Backend: newMem(1 << 20), MultiConn: true},
+		{Name: "ro", Description: "read-only", Backend: newMem(64 << 10), ReadOnly: true, MinBlock: 512, PreferredBlock: 4096, MaxBlock: 1 << 20},
+		{Name: "plain", Backend: newMem(8192)},
+	}}
+	path := serveUnix(t, srv)
+	const rw = tflagHasFlags | tflagSendFlush | tflagSendFUA | tflagSendTrim | tflagSendWriteZeroes | tflagSendFastZero | tflagSendCache
+	tests := []struct {
+		name       string
+		structured bool
+		want       exportInfo
+	}{
+		{"", false, exportInfo{size: 1 << 20, flags: rw | tflagCanMultiConn, minB: 1, prefB: 4096, maxB: MaxRequest, name: "", description: "default disk"}},
+		{"", true, exportInfo{size: 1 << 20, flags: rw | tflagCanMultiConn | tflagSendDF, minB: 1, prefB: 4096, maxB: MaxRequest, name: "", description: "default disk"}},
+		{"ro", false, exportInfo{size: 64 << 10, flags: tflagHasFlags | tflagReadOnly | tflagCanMultiConn | tflagSendCache, minB: 512, prefB: 4096, maxB: 1 << 20, name: "ro", description: "read-only"}},
+		{"plain", true, exportInfo{size: 8192, flags: rw | tflagSendDF, minB: 1, prefB: 4096, maxB: MaxRequest, name: "plain"}},
+	}
+	for _, tc := range tests {
+		rc := dialRaw(t, path)
+		if _, err := rc.greet(flagCFixedNewstyle); err != nil {
+			t.Fatal(err)
+		}
+		if tc.structured {
+			rc.sendOpt(optStructuredReply, nil)
+			if _, err := rc.readOptReplies(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rc.sendOpt(optInfo, goData(tc.name, infoName, infoDescription, infoBlockSize, 1234))
+		rs, err := rc.readOptReplies()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := parseInfos(rs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != tc.want {
+			t.Errorf("export %q structured=%v: info %+v, want %+v", tc.name, tc.structured, got, tc.want)
+		}
+	}
+
+	// LIST names every export, with its description after the name.
+	rc := dialRaw(t, path)
+	rc.greet(flagCFixedNewstyle)
+	rc.sendOpt(optList, nil)
+	rs, err := rc.readOptReplies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	for _, r := range rs {
+		if r.typ == repServer {
+			n := binary.BigEndian.Uint32(r.data)
+			listed = append(listed, string(r.data[4:4+n])+"|"+string(r.data[4+n:]))
+		}
+	}
+	if strings.Join(listed, ",") != "|default disk,ro|read-only,plain|" {
+		t.Errorf("LIST gave %q", listed)
+	}
+}
+
+func TestExportName(t *testing.T) {
+	t.Parallel()
+	srv := &Server{Exports: []Export{{Name: "disk", Backend: newMem(1 << 20)}}}
+	path := serveUnix(t, srv)
+	for _, noZeroes := range []bool{false, true} {
+		rc := dialRaw(t, path)
+		f := uint32(flagCFixedNewstyle)
+		if noZeroes {
+			f |= flagCNoZeroes
+		}
+		rc.greet(f)
+		rc.sendOpt(optExportName, []byte("disk"))
+		want := 134
+		if noZeroes {
+			want = 10
+		}
+		b := make([]byte, want)
+		if _, err := rc.c.Read(b[:0]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readFull(rc, b); err != nil {
+			t.Fatal(err)
+		}
+		if size := binary.BigEndian.Uint64(b); size != 1<<20 {
+			t.Errorf("size %d", size)
+		}
+		// Transmission works, without structured replies.
+		r := rc.roundTrip(t, cmdRead, 0, 0, 512, nil)
+		if r.err != 0 || !r.simple || len(r.data) != 512 {
+			t.Errorf("read after EXPORT_NAME: %+v", r)
+		}
+	}
+	// An unknown name can only end the session.
+	rc := dialRaw(t, path)
+	rc.greet(flagCFixedNewstyle)
+	rc.sendOpt(optExportName, []byte("nope"))
+	rc.expectClosed(t)
+}
+
+func readFull(rc *rawClient, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		k, err := rc.c.Read(b[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// TestHandshakeViolations: each ends the connection without a reply that pretends success.
+func TestHandshakeViolations(t *testing.T) {
+	t.Parallel()
+	path := serveUnix(t, oneExportServer(newMem(1<<20), nil))
+	badMagic := optBytes(optList, nil)
+	badMagic[0] ^= 0xff
+	tests := []struct {
+		name string
+		send []byte
+	}{
+		{"bad option magic", badMagic},
+		{"option data beyond what the server will skip", optBytes(999, make([]byte, maxOptionSkip+1))[:16]},
+		{"export name too long", optBytes(optExportName, make([]byte, maxString+1))},
+		{"export name past the data limit", optBytes(optExportName, make([]byte, maxOptionData+1))},
+		{"abort", optBytes(optAbort, nil)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rc := dialRaw(t, path)
+			rc.greet(flagCFixedNewstyle)
+			if err := rc.write(tc.send); err != nil {
+				t.Fatal(err)
+			}
+			if tc.name == "abort" {
+				r, err := rc.readOptReply()
+				if err != nil || r.typ != repAck {
+					t.Fatalf("abort reply %+v %v", r, err)
+				}
+			}
+			rc.expectClosed(t)
+		})
+	}
+}
+
+func TestTooManyOptions(t *testing.T) {
+	t.Parallel()
+	path := serveUnix(t, oneExportServer(newMem(4096), nil))
+	rc := dialRaw(t, path)
+	rc.greet(flagCFixedNewstyle)
+	for i := 0; i < maxOptions; i++ {
+		rc.sendOpt(999, nil)
+		if r, err := rc.readOptReply(); err != nil || r.typ != repErrUnsup {
+			t.Fatalf("option %d: %+v %v", i, r, err)
+		}
+	}
+	rc.sendOpt(999, nil)
+	rc.expectClosed(t)
+}

@@ -1,0 +1,463 @@
+package nbd
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestReadWriteRoundTrip(t *testing.T) {
+	t.Parallel()
+	mem := newMem(4 << 20)
+	path := serveUnix(t, oneExportServer(mem, nil))
+	for _, structured := range []bool{false, true} {
+		for _, size := range []int{1, 512, 4096, 65536, 1 << 20, 4 << 20} {
+			t.Run(fmt.Sprintf("structured=%v/%d", structured, size), func(t *testing.T) {
+				rc, _ := mustConnect(t, path, structured)
+				off := uint64((4<<20 - size) / 3)
+				data := pattern(size, byte(size))
+				if r := rc.roundTrip(t, cmdWrite, 0, off, uint32(size), data); r.err != 0 {
+					t.Fatalf("write: error %d %q", r.err, r.msg)
+				}
+				r := rc.roundTrip(t, cmdRead, 0, off, uint32(size), nil)
+				if r.err != 0 {
+					t.Fatalf("read: error %d %q", r.err, r.msg)
+				}
+				if structured && (r.simple || r.chunks != 1 || r.dataOff != off) {
+					t.Fatalf("structured read: simple=%v chunks=%d offset=%d", r.simple, r.chunks, r.dataOff)
+				}
+				mustEqual(t, "read back", r.data, data)
+				mustEqual(t, "backend", mem.snapshot()[off:off+uint64(size)], data)
+			})
+		}
+	}
+}
+
+// TestRequestErrors: every case gets an error reply with the right code and the
+// connection goes on (a read afterwards works).
+func TestRequestErrors(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	srv := &Server{Exports: []Export{
+		{Name: "", Backend: mem},
+		{Name: "ro", Backend: newMem(1 << 20), ReadOnly: true},
+		{Name: "aligned", Backend: newMem(1 << 20), MinBlock: 512, PreferredBlock: 4096, MaxBlock: 64 << 10},
+	}}
+	path := serveUnix(t, srv)
+	const size = 1 << 20
+	tests := []struct {
+		name    string
+		export  string
+		typ     uint16
+		flags   uint16
+		off     uint64
+		length  uint32
+		payload bool
+		want    uint32
+	}{
+		{"read past end", "", cmdRead, 0, size - 512, 1024, false, errInval},
+		{"read starting past end", "", cmdRead, 0, size + 4096, 512, false, errInval},
+		{"read offset overflow", "", cmdRead, 0, math.MaxUint64 - 100, 512, false, errInval},
+		{"read longer than 32 MiB", "", cmdRead, 0, 0, MaxRequest + 1, false, errInval},
+		{"write past end", "", cmdWrite, 0, size - 512, 1024, true, errNoSpc},
+		{"write offset overflow", "", cmdWrite, 0, math.MaxUint64 - 100, 512, true, errNoSpc},
+		{"write zeroes past end", "", cmdWriteZeroes, 0, size, 4096, false, errNoSpc},
+		{"trim past end", "", cmdTrim, 0, size - 4096, 8192, false, errInval},
+		{"cache past end", "", cmdCache, 0, size - 4096, 8192, false, errInval},
+		{"unknown command", "", 42, 0, 0, 512, false, errInval},
+		{"block status without context", "", cmdBlockStatus, 0, 0, 512, false, errInval},
+		{"unknown flag", "", cmdRead, 1 << 9, 0, 512, false, errInval},
+		{"no-hole on write", "", cmdWrite, cmdFlagNoHole, 0, 512, true, errInval},
+		{"fast-zero on trim", "", cmdTrim, cmdFlagFastZero, 0, 512, false, errInval},
+		{"flush with length", "", cmdFlush, 0, 0, 512, false, errInval},
+		{"write on read-only", "ro", cmdWrite, 0, 0, 512, true, errPerm},
+		{"trim on read-only", "ro", cmdTrim, 0, 0, 512, false, errPerm},
+		{"zero on read-only", "ro", cmdWriteZeroes, 0, 0, 512, false, errPerm},
+		{"unaligned read", "aligned", cmdRead, 0, 100, 512, false, errInval},
+		{"unaligned length", "aligned", cmdWrite, 0, 512, 100, true, errInval},
+		{"read above max block", "aligned", cmdRead, 0, 0, 128 << 10, false, errInval},
+		{"write above max block", "aligned", cmdWrite, 0, 0, 128 << 10, true, errInval},
+	}
+	for _, tc := range tests {
+		for _, structured := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/structured=%v", tc.name, structured), func(t *testing.T) {
+				t.Parallel()
+				rc := dialRaw(t, path)
+				if _, err := rc.connect(tc.export, structured); err != nil {
+					t.Fatal(err)
+				}
+				var payload []byte
+				if tc.payload {
+					payload = pattern(int(tc.length), 1)
+				}
+				r := rc.roundTrip(t, tc.typ, tc.flags, tc.off, tc.length, payload)
+				if r.err != tc.want {
+					t.Fatalf("error %d (%s), want %d", r.err, r.msg, tc.want)
+				}
+				if len(r.data) != 0 {
+					t.Fatalf("failed request came with %d bytes of data", len(r.data))
+				}
+				if structured && r.msg == "" {
+					t.Errorf("structured error without a message")
+				}
+				if r := rc.roundTrip(t, cmdRead, 0, 0, 4096, nil); r.err != 0 || len(r.data) != 4096 {
+					t.Fatalf("read after the error: %+v", r)
+				}
+			})
+		}
+	}
+	if ops := mem.opsCopy(); len(ops) != 0 {
+		t.Errorf("rejected requests reached the backend: %+v", ops)
+	}
+}
+
+// TestProtocolViolations: these end the connection, with no reply.
+func TestProtocolViolations(t *testing.T) {
+	t.Parallel()
+	path := serveUnix(t, oneExportServer(newMem(1<<20), nil))
+	badMagic := reqBytes(cmdRead, 0, 1, 0, 512, nil)
+	badMagic[0] ^= 1
+	tests := []struct {
+		name string
+		send []byte
+	}{
+		{"bad request magic", badMagic},
+		{"write of 33 MiB", reqBytes(cmdWrite, 0, 1, 0, 33<<20, nil)},
+		{"write of 4 GiB - 1", reqBytes(cmdWrite, 0, 1, 0, math.MaxUint32, nil)},
+	}
+	for _, tc := range tests {
+		for _, structured := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/structured=%v", tc.name, structured), func(t *testing.T) {
+				t.Parallel()
+				rc, _ := mustConnect(t, path, structured)
+				if err := rc.write(tc.send); err != nil {
+					t.Fatal(err)
+				}
+				rc.expectClosed(t)
+			})
+		}
+	}
+}
+
+func TestZeroLengthRequests(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	path := serveUnix(t, oneExportServer(mem, nil))
+	for _, structured := range []bool{false, true} {
+		rc, _ := mustConnect(t, path, structured)
+		for _, typ := range []uint16{cmdRead, cmdWrite, cmdTrim, cmdWriteZeroes, cmdCache} {
+			if r := rc.roundTrip(t, typ, 0, 4096, 0, nil); r.err != 0 || len(r.data) != 0 {
+				t.Errorf("%s of 0 bytes: %+v", cmdName(typ), r)
+			}
+		}
+	}
+}
+
+func TestWriteFlagsReachBackend(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	path := serveUnix(t, oneExportServer(mem, nil))
+	rc, _ := mustConnect(t, path, true)
+	mem.fill(0x5a)
+	steps := []struct {
+		typ, flags uint16
+		off        uint64
+		length     uint32
+		want       op
+	}{
+		{cmdWrite, cmdFlagFUA, 0, 4096, op{"write", 0, 4096, FUA}},
+		{cmdWrite, 0, 4096, 4096, op{"write", 4096, 4096, 0}},
+		{cmdTrim, cmdFlagFUA, 8192, 4096, op{"trim", 8192, 4096, FUA}},
+		{cmdWriteZeroes, cmdFlagNoHole, 16384, 8192, op{"zero", 16384, 8192, NoHole}},
+		{cmdWriteZeroes, cmdFlagFastZero | cmdFlagFUA, 32768, 4096, op{"zero", 32768, 4096, FastZero | FUA}},
+		{cmdFlush, 0, 0, 0, op{"flush", 0, 0, 0}},
+	}
+	for _, s := range steps {
+		var payload []byte
+		if s.typ == cmdWrite {
+			payload = pattern(int(s.length), 3)
+		}
+		if r := rc.roundTrip(t, s.typ, s.flags, s.off, s.length, payload); r.err != 0 {
+			t.Fatalf("%s: error %d %s", cmdName(s.typ), r.err, r.msg)
+		}
+	}
+	ops := mem.opsCopy()
+	if len(ops) != len(steps) {
+		t.Fatalf("backend saw %+v", ops)
+	}
+	for i, s := range steps {
+		if ops[i] != s.want {
+			t.Errorf("step %d: backend saw %+v, want %+v", i, ops[i], s.want)
+		}
+	}
+	data := mem.snapshot()
+	for _, z := range [][2]int{{8192, 12288}, {16384, 24576}, {32768, 36864}} {
+		for i := z[0]; i < z[1]; i++ {
+			if data[i] != 0 {
+				t.Fatalf("byte %d not zero after trim/zero", i)
+			}
+		}
+	}
+}
+
+func TestZeroAndTrimFallbacks(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	mem.noZero, mem.noTrim = true, true
+	path := serveUnix(t, oneExportServer(mem, nil))
+	rc, _ := mustConnect(t, path, true)
+	mem.fill(1)
+	// FAST_ZERO: the backend cannot, so the answer is a quick ENOTSUP and nothing changes.
+	if r := rc.roundTrip(t, cmdWriteZeroes, cmdFlagFastZero, 0, 300<<10, nil); r.err != errNotSup {
+		t.Fatalf("fast zero: error %d, want ENOTSUP", r.err)
+	}
+	if mem.snapshot()[0] == 0 {
+		t.Fatal("failed fast zero changed data")
+	}
+	// Without FAST_ZERO the server writes the zeroes itself (300 KiB spans two chunks).
+	if r := rc.roundTrip(t, cmdWriteZeroes, cmdFlagFUA, 4096, 300<<10, nil); r.err != 0 {
+		t.Fatalf("zero: error %d %s", r.err, r.msg)
+	}
+	data := mem.snapshot()
+	for i := 4096; i < 4096+300<<10; i++ {
+		if data[i] != 0 {
+			t.Fatalf("byte %d not zeroed", i)
+		}
+	}
+	if data[4095] == 0 || data[4096+300<<10] == 0 {
+		t.Fatal("zeroing spilled outside the range")
+	}
+	if mem.flushes.Load() != 1 {
+		t.Errorf("FUA zero fallback flushed %d times, want 1", mem.flushes.Load())
+	}
+	// TRIM is a hint: ENOTSUP from the backend is success.
+	if r := rc.roundTrip(t, cmdTrim, 0, 0, 4096, nil); r.err != 0 {
+		t.Fatalf("trim: error %d", r.err)
+	}
+}
+
+func TestBackendErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		err    error
+		op     string
+		typ    uint16
+		want   uint32
+		errOff int64
+	}{
+		{"EIO on read", fmt.Errorf("disk: %w", syscall.EIO), "read", cmdRead, errIO, -1},
+		{"unknown error on read is EIO", errors.New("tag mismatch"), "read", cmdRead, errIO, -1},
+		{"offset error on read", &OffsetError{Offset: 8192 + 512, Err: syscall.EIO}, "read", cmdRead, errIO, 8192 + 512},
+		{"offset outside request", &OffsetError{Offset: 1, Err: syscall.EIO}, "read", cmdRead, errIO, -1},
+		{"ENOSPC on write", syscall.ENOSPC, "write", cmdWrite, errNoSpc, -1},
+		{"EDQUOT is ENOSPC", syscall.EDQUOT, "write", cmdWrite, errNoSpc, -1},
+		{"EFBIG is ENOSPC", syscall.EFBIG, "write", cmdWrite, errNoSpc, -1},
+		{"EROFS is EPERM", syscall.EROFS, "write", cmdWrite, errPerm, -1},
+		{"ENOMEM", syscall.ENOMEM, "zero", cmdWriteZeroes, errNoMem, -1},
+		{"ESHUTDOWN", syscall.ESHUTDOWN, "flush", cmdFlush, errShutdown, -1},
+		{"EINVAL on trim", syscall.EINVAL, "trim", cmdTrim, errInval, -1},
+		{"EOVERFLOW", syscall.EOVERFLOW, "read", cmdRead, errOverflow, -1},
+	}
+	for _, tc := range tests {
+		for _, structured := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/structured=%v", tc.name, structured), func(t *testing.T) {
+				t.Parallel()
+				mem := newMem(1 << 20)
+				mem.hook = failRange(tc.op, 8192, 12288, tc.err)
+				if tc.op == "flush" {
+					mem.hook = failRange("flush", -1, 1, tc.err)
+				}
+				path := serveUnix(t, oneExportServer(mem, nil))
+				rc, _ := mustConnect(t, path, structured)
+				var payload []byte
+				var off uint64 = 8192
+				var n uint32 = 4096
+				if tc.typ == cmdWrite {
+					payload = pattern(4096, 9)
+				}
+				if tc.typ == cmdFlush {
+					off, n = 0, 0
+				}
+				r := rc.roundTrip(t, tc.typ, 0, off, n, payload)
+				if r.err != tc.want {
+					t.Fatalf("error %d, want %d", r.err, tc.want)
+				}
+				if len(r.data) != 0 {
+					t.Fatalf("failed %s sent %d bytes of data", cmdName(tc.typ), len(r.data))
+				}
+				if structured {
+					if r.msg == "" {
+						t.Error("no message")
+					}
+					if r.errOff != tc.errOff {
+						t.Errorf("error offset %d, want %d", r.errOff, tc.errOff)
+					}
+				}
+				// The connection goes on.
+				if r := rc.roundTrip(t, cmdRead, 0, 0, 4096, nil); r.err != 0 || len(r.data) != 4096 {
+					t.Fatalf("read after error: %+v", r)
+				}
+			})
+		}
+	}
+}
+
+// TestOutOfOrder: a slow request does not hold up the replies to later ones.
+func TestOutOfOrder(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	release := make(chan struct{})
+	mem.hook = func(name string, off, n int64, f Flags) error {
+		if name == "read" && off == 0 {
+			<-release
+		}
+		return nil
+	}
+	path := serveUnix(t, oneExportServer(mem, nil))
+	rc, _ := mustConnect(t, path, true)
+	rc.send(cmdRead, 0, 1, 0, 4096, nil)
+	for h := uint64(2); h < 10; h++ {
+		rc.send(cmdRead, 0, h, h*4096, 4096, nil)
+	}
+	for i := 0; i < 8; i++ {
+		r, err := rc.readReply()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.handle == 1 {
+			t.Fatal("the blocked read was answered first")
+		}
+	}
+	close(release)
+	r, err := rc.readReply()
+	if err != nil || r.handle != 1 || r.err != 0 {
+		t.Fatalf("blocked read: %+v %v", r, err)
+	}
+}
+
+// TestDiscWithRequestsInFlight: after NBD_CMD_DISC the server answers every request
+// sent before it, flushes, and closes.
+func TestDiscWithRequestsInFlight(t *testing.T) {
+	t.Parallel()
+	mem := newMem(4 << 20)
+	mem.hook = func(name string, off, n int64, f Flags) error {
+		if name == "write" {
+			time.Sleep(20 * time.Millisecond)
+		}
+		return nil
+	}
+	path := serveUnix(t, oneExportServer(mem, nil))
+	rc, _ := mustConnect(t, path, true)
+	const n = 16
+	for h := uint64(0); h < n; h++ {
+		rc.send(cmdWrite, 0, h, h*65536, 65536, pattern(65536, byte(h)))
+	}
+	rc.send(cmdDisc, 0, 99, 0, 0, nil)
+	seen := map[uint64]bool{}
+	for i := 0; i < n; i++ {
+		r, err := rc.readReply()
+		if err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+		if r.err != 0 {
+			t.Fatalf("write %d failed: %d", r.handle, r.err)
+		}
+		seen[r.handle] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("answered %d distinct writes", len(seen))
+	}
+	rc.expectClosed(t)
+	ops := mem.opsCopy()
+	if len(ops) != n+1 || ops[n].name != "flush" {
+		t.Fatalf("backend saw %d ops, last %+v; want %d writes then a flush", len(ops), ops[len(ops)-1], n)
+	}
+}
+
+// TestInFlightBounds: clients that flood the server with writes while the backend is slow
+// never get more requests or payload bytes in flight than the limits allow, and do get up
+// to them (the limits bind, requests run concurrently).
+func TestInFlightBounds(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name                string
+		size                int
+		perConn, global     int
+		perConnBytes, bytes int64
+		wantPeak            int64 // requests at once the limits allow
+	}{
+		{"count bound", 256 << 10, 4, 10, MaxRequest, MaxRequest, 10},
+		{"byte bound", 8 << 20, 16, 64, MaxRequest, MaxRequest + 8<<20, 5},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			mem := newMem(64 << 20)
+			var cur, peak, curBytes, peakBytes atomic.Int64
+			mem.hook = func(name string, off, n int64, f Flags) error {
+				c := cur.Add(1)
+				b := curBytes.Add(n)
+				for p := peak.Load(); c > p && !peak.CompareAndSwap(p, c); p = peak.Load() {
+				}
+				for p := peakBytes.Load(); b > p && !peakBytes.CompareAndSwap(p, b); p = peakBytes.Load() {
+				}
+				time.Sleep(30 * time.Millisecond)
+				cur.Add(-1)
+				curBytes.Add(-n)
+				return nil
+			}
+			srv := oneExportServer(mem, nil)
+			srv.MaxInFlightPerConn = tc.perConn
+			srv.MaxBytesPerConn = tc.perConnBytes
+			srv.MaxInFlight = tc.global
+			srv.MaxBytes = tc.bytes
+			path := serveUnix(t, srv)
+
+			const clients, perClient = 3, 12
+			var wg sync.WaitGroup
+			for c := 0; c < clients; c++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rc := dialRaw(t, path)
+					if _, err := rc.connect("", true); err != nil {
+						t.Error(err)
+						return
+					}
+					payload := pattern(tc.size, byte(c))
+					go func() {
+						for h := uint64(0); h < perClient; h++ {
+							if err := rc.send(cmdWrite, 0, h, (h%6)*uint64(tc.size), uint32(tc.size), payload); err != nil {
+								t.Error(err)
+								return
+							}
+						}
+					}()
+					for i := 0; i < perClient; i++ {
+						if r, err := rc.readReply(); err != nil || r.err != 0 {
+							t.Errorf("reply: %+v %v", r, err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			t.Logf("peak %d requests, %d MiB in the backend", peak.Load(), peakBytes.Load()>>20)
+			if p := peak.Load(); p > tc.wantPeak {
+				t.Errorf("%d requests in the backend at once, limits allow %d", p, tc.wantPeak)
+			}
+			if p := peakBytes.Load(); p > tc.bytes {
+				t.Errorf("%d bytes in the backend at once, limit %d", p, tc.bytes)
+			}
+			if p := peak.Load(); p < tc.wantPeak-1 && !raceEnabled {
+				t.Errorf("peak %d requests at once: the limits (%d) never bound, or requests were serialised", p, tc.wantPeak)
+			}
+		})
+	}
+}
