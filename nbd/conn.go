@@ -102,14 +102,18 @@ func (c *conn) serve() {
 	c.log.Log(context.Background(), level, "nbd: connection closed", attrs...)
 }
 
-// stop asks a connection in transmission to end gracefully: no new requests, those in
-// flight finish and are answered.
+// shutdownDrain is how long a stopping connection keeps reading requests the client had
+// already sent, to answer them with ESHUTDOWN instead of closing on them unread (which a
+// client sees as a reset, losing replies it was owed).
+const shutdownDrain = 250 * time.Millisecond
+
+// stop asks a connection in transmission to end gracefully: requests in flight finish and
+// are answered, requests still arriving get ESHUTDOWN, and after shutdownDrain the reader
+// stops.
 func (c *conn) stop() {
 	c.stopping.Store(true)
 	c.closeDone()
-	// Wake the reader if it waits for a request; the deadline also fails any read that
-	// starts later.
-	c.rw.SetReadDeadline(time.Now())
+	c.rw.SetReadDeadline(time.Now().Add(shutdownDrain))
 }
 
 // abort ends the connection at once.
@@ -180,12 +184,24 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 		if r.typ == cmdRead || r.typ == cmdWrite {
 			held = int64(r.length)
 		}
-		if !c.local.acquire(held, c.done) {
-			return c.readFailure(net.ErrClosed, false)
+		acquired := false
+		if !c.stopping.Load() && c.local.acquire(held, c.done) {
+			if acquired = c.s.global.acquire(held, c.done); !acquired {
+				c.local.release(held)
+			}
 		}
-		if !c.s.global.acquire(held, c.done) {
-			c.local.release(held)
-			return c.readFailure(net.ErrClosed, false)
+		if !acquired {
+			// The server is stopping (or the connection is being torn down): refuse
+			// what is still arriving, as proto.md asks ("any subsequently received
+			// requests SHOULD be ESHUTDOWN"), rather than drop it unanswered.
+			if r.typ == cmdWrite {
+				if _, err := io.CopyN(io.Discard, br, int64(r.length)); err != nil {
+					return c.readFailure(err, false)
+				}
+			}
+			c.failed.Add(1)
+			c.replyError(&r, errShutdown, "the server is shutting down", -1)
+			continue
 		}
 		req := requestPool.Get().(*request)
 		*req = r

@@ -1,0 +1,222 @@
+package nbd
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestShutdownFinishesInFlight: Shutdown lets requests in flight finish and answers them,
+// refuses requests still arriving with ESHUTDOWN, flushes the backend, closes every
+// connection, and makes Serve return ErrServerClosed.
+func TestShutdownFinishesInFlight(t *testing.T) {
+	t.Parallel()
+	mem := newMem(4 << 20)
+	started := make(chan struct{}, 16)
+	release := make(chan struct{})
+	mem.hook = func(name string, off, n int64, f Flags) error {
+		if name == "write" {
+			started <- struct{}{}
+			<-release
+		}
+		return nil
+	}
+	srv := oneExportServer(mem, nil)
+	srv.Logger = testLogger(t)
+	l, err := ListenUnix(filepath.Join(shortTempDir(t), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+
+	rc, _ := mustConnect(t, l.Addr().String(), true)
+	idle, _ := mustConnect(t, l.Addr().String(), false)
+	inHandshake := dialRaw(t, l.Addr().String())
+	if _, err := inHandshake.greet(flagCFixedNewstyle); err != nil {
+		t.Fatal(err)
+	}
+	const n, late = 4, 3
+	for h := uint64(0); h < n; h++ {
+		rc.send(cmdWrite, 0, h, h*4096, 4096, pattern(4096, byte(h)))
+	}
+	for i := 0; i < n; i++ {
+		<-started
+	}
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut <- srv.Shutdown(ctx)
+	}()
+	// Requests sent once the server is stopping are refused, not run, not dropped.
+	time.Sleep(50 * time.Millisecond)
+	for h := uint64(100); h < 100+late; h++ {
+		rc.send(cmdWrite, 0, h, h*4096, 4096, pattern(4096, byte(h)))
+	}
+	for i := 0; i < late; i++ {
+		r, err := rc.readReply()
+		if err != nil || r.err != errShutdown || r.handle < 100 {
+			t.Fatalf("late request: %+v %v, want ESHUTDOWN", r, err)
+		}
+	}
+	close(release)
+	for i := 0; i < n; i++ {
+		r, err := rc.readReply()
+		if err != nil || r.err != 0 || r.handle >= n {
+			t.Fatalf("in-flight write: %+v %v", r, err)
+		}
+	}
+	rc.expectClosed(t)
+	idle.expectClosed(t)
+	inHandshake.expectClosed(t)
+	if err := <-shut; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if err := <-served; !errors.Is(err, ErrServerClosed) {
+		t.Fatalf("Serve: %v", err)
+	}
+	ops := mem.opsCopy()
+	if len(ops) != n+1 || ops[n].name != "flush" {
+		t.Fatalf("backend saw %+v, want %d writes then a flush", ops, n)
+	}
+	if _, err := net.Dial("unix", l.Addr().String()); err == nil {
+		t.Error("listener still accepting after Shutdown")
+	}
+	if err := srv.Serve(l); !errors.Is(err, ErrServerClosed) {
+		t.Errorf("Serve after Shutdown: %v", err)
+	}
+}
+
+// TestShutdownTimeout: a backend that never returns cannot hold Shutdown past its context.
+func TestShutdownTimeout(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	block := make(chan struct{})
+	t.Cleanup(func() { close(block) })
+	started := make(chan struct{})
+	mem.hook = func(name string, off, n int64, f Flags) error {
+		if name == "read" {
+			close(started)
+			<-block
+		}
+		return nil
+	}
+	srv := oneExportServer(mem, nil)
+	srv.Logger = testLogger(t)
+	l, err := ListenUnix(filepath.Join(shortTempDir(t), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	rc, _ := mustConnect(t, l.Addr().String(), true)
+	rc.send(cmdRead, 0, 1, 0, 4096, nil)
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	begin := time.Now()
+	if err := srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown: %v, want deadline exceeded", err)
+	}
+	if d := time.Since(begin); d > 2*time.Second {
+		t.Fatalf("Shutdown took %v", d)
+	}
+	rc.expectClosed(t)
+}
+
+func TestMaxConns(t *testing.T) {
+	t.Parallel()
+	srv := oneExportServer(newMem(4096), nil)
+	srv.MaxConns = 2
+	path := serveUnix(t, srv)
+	a, _ := mustConnect(t, path, false)
+	b, _ := mustConnect(t, path, false)
+	c := dialRaw(t, path)
+	c.expectClosed(t)
+	// Closing one frees a slot.
+	a.send(cmdDisc, 0, 0, 0, 0, nil)
+	a.expectClosed(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		d := dialRaw(t, path)
+		if _, err := d.connect("", false); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no slot freed after a client left")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = b
+}
+
+func TestServeRefusesPlainTCP(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Skipf("no TCP loopback: %v", err)
+	}
+	defer l.Close()
+	srv := oneExportServer(newMem(4096), nil)
+	if err := srv.Serve(l); !errors.Is(err, ErrInsecureListener) {
+		t.Fatalf("Serve on plain TCP: %v, want ErrInsecureListener", err)
+	}
+	// Opting in works.
+	srv2 := oneExportServer(newMem(4096), nil)
+	srv2.AllowInsecureTCP = true
+	srv2.Logger = testLogger(t)
+	go srv2.Serve(l)
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &rawClient{c: c, readLens: map[uint64]uint32{}}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := rc.connect("", true); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv2.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInvalidExports(t *testing.T) {
+	t.Parallel()
+	m := newMem(1 << 20)
+	tests := []struct {
+		name    string
+		exports []Export
+	}{
+		{"none", nil},
+		{"no backend", []Export{{Name: "a"}}},
+		{"duplicate", []Export{{Name: "a", Backend: m}, {Name: "a", Backend: m}}},
+		{"name too long", []Export{{Name: string(make([]byte, 4097)), Backend: m}}},
+		{"NUL in name", []Export{{Name: "a\x00b", Backend: m}}},
+		{"min block not power of two", []Export{{Backend: m, MinBlock: 384}}},
+		{"min block too big", []Export{{Backend: m, MinBlock: 128 << 10}}},
+		{"preferred below 512", []Export{{Backend: m, PreferredBlock: 256}}},
+		{"max above 32 MiB", []Export{{Backend: m, MaxBlock: 64 << 20}}},
+		{"max not multiple of min", []Export{{Backend: m, MinBlock: 4096, MaxBlock: 6000}}},
+		{"size not multiple of min", []Export{{Backend: newMem(1000), MinBlock: 512}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l, err := ListenUnix(filepath.Join(shortTempDir(t), "s"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			srv := &Server{Exports: tc.exports}
+			if err := srv.Serve(l); err == nil || errors.Is(err, ErrServerClosed) {
+				t.Fatalf("Serve accepted invalid exports: %v", err)
+			}
+		})
+	}
+}
