@@ -1,0 +1,98 @@
+package blockdev
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/elidisk/eli/sector"
+)
+
+// slab holds the ciphertext of consecutive sectors sealed by one write, with sector.Slack
+// spare bytes at the end. It is shared by the batch entries that point into it and by
+// readers copying from it; it goes back to its pool when the last reference is dropped.
+// Its bytes never change while referenced.
+type slab struct {
+	buf   []byte // class·S + Slack
+	class int    // log2 of the sector capacity
+	refs  atomic.Int32
+}
+
+// slabPool recycles slabs by power-of-two class, keeping at most maxFree bytes idle, so a
+// steady write load allocates nothing and the idle memory stays bounded.
+type slabPool struct {
+	mu         sync.Mutex
+	sectorSize int
+	free       [][]*slab // by class
+	freeBytes  int64
+	maxFree    int64
+}
+
+func newSlabPool(sectorSize, maxSectors int, maxFree int64) *slabPool {
+	return &slabPool{
+		sectorSize: sectorSize,
+		free:       make([][]*slab, bits.Len(uint(maxSectors))+1),
+		maxFree:    maxFree,
+	}
+}
+
+// get returns a slab for n sectors (at most the pool's maxSectors) with one reference.
+func (p *slabPool) get(n int) *slab {
+	class := bits.Len(uint(n - 1)) // smallest class with 1<<class >= n
+	p.mu.Lock()
+	if l := p.free[class]; len(l) > 0 {
+		s := l[len(l)-1]
+		p.free[class] = l[:len(l)-1]
+		p.freeBytes -= int64(len(s.buf))
+		p.mu.Unlock()
+		s.refs.Store(1)
+		return s
+	}
+	p.mu.Unlock()
+	s := &slab{buf: make([]byte, (1<<class)*p.sectorSize+sector.Slack), class: class}
+	s.refs.Store(1)
+	return s
+}
+
+func (p *slabPool) release(s *slab) {
+	switch r := s.refs.Add(-1); {
+	case r > 0:
+		return
+	case r < 0:
+		panic("blockdev: slab released too often")
+	}
+	p.mu.Lock()
+	if p.freeBytes+int64(len(s.buf)) <= p.maxFree {
+		p.free[s.class] = append(p.free[s.class], s)
+		p.freeBytes += int64(len(s.buf))
+	}
+	p.mu.Unlock()
+}
+
+// entry is a sector's newest value in a batch: its ciphertext in a slab and its record,
+// or (slab nil) a zero record from a trim or write-zeroes.
+type entry struct {
+	slab  *slab
+	off   int32 // byte offset of the ciphertext in slab.buf
+	punch bool  // zero entries: the data may be punched out
+	rec   record
+}
+
+// data is the entry's ciphertext.
+func (e *entry) data(s int) []byte { return e.slab.buf[e.off : int(e.off)+s] }
+
+// zeroEntryCost is what a zero entry counts against MaxBatchBytes: its share of the map,
+// of the journal buffer and of the sort, so that a trim of a whole disk is committed in
+// bounded pieces like any write.
+const zeroEntryCost = 128
+
+// batch is a set of sector writes committed together. The pending batch takes new writes;
+// the committing batch is read-only until its commit returns.
+type batch struct {
+	seq     uint64 // commit order; Flush waits for the batch it needs by this number
+	entries map[uint64]entry
+	bytes   int64 // counted against MaxBatchBytes
+	first   int64 // monotonic nanoseconds of the first write, for CommitInterval
+}
+
+func (b *batch) empty() bool { return len(b.entries) == 0 }

@@ -1,0 +1,238 @@
+package blockdev
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/elidisk/eli/provider"
+)
+
+// committer is the one goroutine that commits batches, in order, one at a time. A batch is
+// committed when it is due: a Flush or FUA write waits for it, writers wait for room, it
+// reached MaxBatchBytes, CommitInterval passed since its first write, or Close.
+func (d *Device) committer() {
+	defer close(d.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		d.mu.Lock()
+		for {
+			if d.failed != nil {
+				d.mu.Unlock()
+				return
+			}
+			b := d.pending
+			if !b.empty() {
+				wait := d.interval - time.Duration(d.now()-b.first)
+				if d.urgent || d.stopping || d.blocked > 0 || b.bytes >= d.maxBatch || wait <= 0 {
+					break
+				}
+				timer.Reset(wait)
+			} else if d.stopping {
+				d.mu.Unlock()
+				return
+			}
+			d.mu.Unlock()
+			select {
+			case <-d.kick:
+			case <-timer.C:
+			}
+			d.mu.Lock()
+		}
+		b := d.pending
+		d.pending = d.newBatchLocked(b.seq + 1)
+		d.committing = b
+		d.started = b.seq
+		d.urgent = false
+		d.cond.Broadcast() // writers waiting for room
+		d.mu.Unlock()
+
+		d.commitMu.Lock()
+		err := d.commit(b)
+		d.commitMu.Unlock()
+
+		d.mu.Lock()
+		if err != nil {
+			// The provider failed mid-commit: what is on it is for recovery to sort out at
+			// the next attach. The batch stays visible, so reads stay consistent, and every
+			// later write or flush fails.
+			d.failed = fmt.Errorf("commit of batch %d failed, device stopped (reattach to recover): %w", b.seq, err)
+			d.log.Error("commit failed; the device accepts no more writes", "batch", b.seq, "err", err)
+			d.cond.Broadcast()
+			d.mu.Unlock()
+			return
+		}
+		d.committing = nil
+		d.durable = b.seq
+		d.cond.Broadcast()
+		for _, e := range b.entries {
+			if e.slab != nil {
+				d.slabs.release(e.slab)
+			}
+		}
+		clear(b.entries)
+		b.bytes = 0
+		d.spare = b
+		d.mu.Unlock()
+	}
+}
+
+func (d *Device) newBatchLocked(seq uint64) *batch {
+	b := d.spare
+	d.spare = nil
+	if b == nil {
+		b = &batch{entries: make(map[uint64]entry)}
+	}
+	b.seq = seq
+	return b
+}
+
+// commit makes batch b durable: in rounds that fit both the journal and half the
+// metadata cache, each one journal write, sync, in-place writes, sync.
+func (d *Device) commit(b *batch) error {
+	idx := d.sortBuf[:0]
+	for i := range b.entries {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	d.sortBuf = idx
+	jcap := d.l.journalCap()
+	for len(idx) > 0 {
+		n, groups := 0, 0
+		var lastG uint64
+		for n < len(idx) && n < jcap {
+			g, _ := d.l.groupOf(idx[n])
+			if n == 0 || g != lastG {
+				if groups == d.roundMax {
+					break
+				}
+				groups++
+				lastG = g
+			}
+			n++
+		}
+		if err := d.commitRound(b, idx[:n]); err != nil {
+			return err
+		}
+		idx = idx[n:]
+	}
+	d.stats.commits.Add(1)
+	return nil
+}
+
+// commitRound commits the sectors idx (sorted, distinct) of batch b.
+func (d *Device) commitRound(b *batch, idx []uint64) error {
+	// Pin the metadata blocks: they give the old records, and they are written whole.
+	blocks := d.blocks[:0]
+	defer func() {
+		for _, blk := range blocks {
+			d.cache.unpin(blk)
+		}
+		d.blocks = blocks[:0]
+	}()
+	jes := d.jentries[:0]
+	for _, i := range idx {
+		g, j := d.l.groupOf(i)
+		if len(blocks) == 0 || blocks[len(blocks)-1].g != g {
+			blk, err := d.cache.get(g)
+			if err != nil {
+				return err
+			}
+			blocks = append(blocks, blk)
+		}
+		e := b.entries[i]
+		old := d.cache.record(blocks[len(blocks)-1], j)
+		if old.isZero() && e.rec.isZero() {
+			continue // trimming a sector that holds nothing changes nothing
+		}
+		jes = append(jes, journalEntry{index: i, old: old, new: e.rec})
+	}
+	d.jentries = jes
+	if len(jes) == 0 {
+		return nil
+	}
+
+	// 1. The journal, durable before anything is written in place.
+	if err := d.writeJournal(jes); err != nil {
+		return err
+	}
+
+	// 2. Data and records in place, in any order; recovery sorts out a crash in here.
+	bi := 0
+	for _, je := range jes {
+		g, j := d.l.groupOf(je.index)
+		for blocks[bi].g != g {
+			bi++
+		}
+		d.cache.patch(blocks[bi], j, &je.new)
+	}
+	if err := d.writeData(b, jes); err != nil {
+		return err
+	}
+	for _, blk := range blocks {
+		if _, err := d.p.WriteAt(blk.data, d.l.blockPos(blk.g)); err != nil {
+			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
+		}
+	}
+	if err := d.sync(); err != nil {
+		return err
+	}
+	d.stats.rounds.Add(1)
+	d.stats.sectors.Add(uint64(len(jes)))
+	return nil
+}
+
+// writeJournal seals entries into the journal, writes it and syncs.
+func (d *Device) writeJournal(entries []journalEntry) error {
+	buf, err := d.jrnl.encode(entries)
+	if err != nil {
+		return err
+	}
+	if _, err := d.p.WriteAt(buf, d.l.JournalOffset); err != nil {
+		return fmt.Errorf("write journal: %w", err)
+	}
+	return d.sync()
+}
+
+// writeData writes the ciphertext of the round's sectors, one WriteAt per run of sectors
+// that are adjacent both on the provider (same group) and in one slab, and punches the
+// data of trimmed ones where the provider can.
+func (d *Device) writeData(b *batch, jes []journalEntry) error {
+	puncher, _ := d.p.(provider.Puncher)
+	s := d.s
+	for x := 0; x < len(jes); {
+		i := jes[x].index
+		e := b.entries[i]
+		g, _ := d.l.groupOf(i)
+		y := x + 1
+		for y < len(jes) {
+			ni := jes[y].index
+			ne := b.entries[ni]
+			ng, _ := d.l.groupOf(ni)
+			if ni != i+uint64(y-x) || ng != g || (ne.slab == nil) != (e.slab == nil) {
+				break
+			}
+			if e.slab != nil && (ne.slab != e.slab || int(ne.off) != int(e.off)+(y-x)*s) {
+				break
+			}
+			if e.slab == nil && ne.punch != e.punch {
+				break
+			}
+			y++
+		}
+		pos := d.l.dataPos(i)
+		switch {
+		case e.slab != nil:
+			if _, err := d.p.WriteAt(e.slab.buf[e.off:int(e.off)+(y-x)*s], pos); err != nil {
+				return fmt.Errorf("write sectors %d-%d: %w", i, i+uint64(y-x-1), err)
+			}
+		case e.punch && puncher != nil:
+			if err := puncher.Punch(pos, int64((y-x)*s)); err != nil {
+				return fmt.Errorf("punch sectors %d-%d: %w", i, i+uint64(y-x-1), err)
+			}
+		}
+		x = y
+	}
+	return nil
+}

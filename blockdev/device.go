@@ -1,0 +1,593 @@
+package blockdev
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/sector"
+)
+
+// Flags qualify a write-type request. The bits are those of nbd.Flags (FUA, NoHole,
+// FastZero), so the CLI's adapter converts with blockdev.Flags(f).
+type Flags uint16
+
+const (
+	// FUA: the write is durable when the call returns.
+	FUA Flags = 1 << iota
+	// NoHole: WriteZeroes must not punch the data out.
+	NoHole
+	// FastZero: WriteZeroes fails with an error wrapping ENOTSUP unless zeroing is cheap.
+	FastZero
+)
+
+// Errors of the Device. Each wraps the errno an NBD server reports for it.
+var (
+	ErrReadOnly    = fmt.Errorf("device is read-only: %w", syscall.EPERM)
+	ErrClosed      = fmt.Errorf("device is closed: %w", syscall.ESHUTDOWN)
+	ErrOutOfRange  = fmt.Errorf("request outside the device: %w", syscall.EINVAL)
+	ErrPastEnd     = fmt.Errorf("write past the end of the device: %w", syscall.ENOSPC)
+	ErrSlowZero    = fmt.Errorf("zeroing is not faster than writing zeroes in this mode: %w", syscall.ENOTSUP)
+	errCommitStall = errors.New("commit failed")
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultCacheBytes     = 64 << 20
+	DefaultCommitInterval = 100 * time.Millisecond
+	DefaultMaxBatchBytes  = 16 << 20
+)
+
+// Config is what Open needs besides the provider.
+type Config struct {
+	Layout Layout
+	// Codec seals and opens sectors; its sector size and metadata size must match Layout.
+	// The Device never wipes it: the codec's keys are the caller's.
+	Codec sector.Codec
+	// JournalKey (JournalKeySize bytes) seals the journal of authenticated modes. Open
+	// copies it; the copy is wiped by Close.
+	JournalKey []byte
+	// ReadOnly refuses writes. A journal left by a crash is then applied in memory only
+	// (the provider is not written), so reads see the recovered volume.
+	ReadOnly bool
+	// CacheBytes bounds the metadata cache (DefaultCacheBytes when 0).
+	CacheBytes int64
+	// CommitInterval is how long the first write of a batch may wait for company before
+	// the batch is committed (DefaultCommitInterval when 0).
+	CommitInterval time.Duration
+	// MaxBatchBytes bounds the sealed data waiting for a commit; writers wait beyond it
+	// (DefaultMaxBatchBytes when 0, at least one slab of 1 MiB). Memory for batches is
+	// at most about three times this.
+	MaxBatchBytes int64
+	// Workers is the size of the sealing pool (GOMAXPROCS when 0; negative: none).
+	Workers int
+	// Logger receives one line per notable event (recovery, a sector failing
+	// authentication, a failed commit). Nil logs nowhere.
+	Logger *slog.Logger
+
+	// rand replaces crypto/rand for journal nonces: tests that write golden volumes.
+	rand io.Reader
+}
+
+// Device is an attached volume: the plaintext sectors of a provider. Its methods are safe
+// for concurrent use; the NBD server calls them from many requests and connections.
+//
+// See doc.go for the design: batches, the journal, and why readers never see a
+// mismatched (data, record) pair.
+type Device struct {
+	p     provider.Provider
+	l     Layout
+	codec sector.Codec
+	ro    bool
+	log   *slog.Logger
+	s     int   // sector size
+	size  int64 // bytes exposed
+
+	pieceSectors int // sectors per slab and per step of a large request
+	chunkSectors int // sectors per parallel chunk
+	workers      *workers
+	locks        stripes
+	bufs         sync.Pool // *[]byte of pieceSectors·S + Slack, for scratch
+	recPool      sync.Pool // *[]record
+	authLog      authLog
+
+	// gate: every request holds it shared; Close takes it exclusively, so Close waits for
+	// requests in flight and later requests see closed.
+	gate   sync.RWMutex
+	closed bool
+
+	// Authenticated modes only.
+	cache     *metaCache
+	jrnl      *journal
+	slabs     *slabPool
+	overrides map[uint64]record // read-only recovery in memory; immutable after Open
+	maxBatch  int64
+	interval  time.Duration
+	epoch     time.Time
+	roundMax  int // distinct groups per commit round (metadata blocks pinned at once)
+	recovery  Recovery
+
+	mu         sync.Mutex
+	cond       sync.Cond // commit finished, batch swapped, or failure
+	pending    *batch
+	committing *batch
+	spare      *batch
+	started    uint64 // seq of the newest batch that began committing
+	durable    uint64 // seq of the newest batch whose commit completed
+	reserved   int64  // bytes writers are sealing for the pending batch
+	blocked    int    // writers waiting for room in the pending batch
+	urgent     bool   // a Flush or FUA waits for the pending batch
+	stopping   bool
+	failed     error
+	kick       chan struct{}
+	done       chan struct{}
+	commitMu   sync.Mutex // held by the committer for a whole commit
+
+	// Committer-only state.
+	sortBuf  []uint64
+	jentries []journalEntry
+	blocks   []*mblock
+
+	stats struct {
+		commits, rounds, sectors, syncs, authFailures atomic.Uint64
+	}
+}
+
+// Open attaches the volume on p. For authenticated modes it first runs recovery from the
+// journal (see docs/format.md), which costs time in proportion to the last commit, and
+// logs what it did. Open does not lock the provider: that is the caller's job.
+func Open(p provider.Provider, cfg Config) (*Device, error) {
+	l, c := cfg.Layout, cfg.Codec
+	if c == nil {
+		return nil, errors.New("open device: no codec")
+	}
+	if err := l.Validate(p.Size()); err != nil {
+		return nil, fmt.Errorf("open device: %w", err)
+	}
+	if c.SectorSize() != l.SectorSize || c.MetaSize() != l.MetaSize {
+		return nil, fmt.Errorf("open device: codec %s has %d-byte sectors and %d-byte records, layout %d and %d",
+			c.Mode(), c.SectorSize(), c.MetaSize(), l.SectorSize, l.MetaSize)
+	}
+	if l.Size()/int64(l.SectorSize) != int64(l.Sectors) {
+		return nil, fmt.Errorf("open device: %d sectors overflow the size", l.Sectors)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Device{
+		p: p, l: l, codec: c, ro: cfg.ReadOnly, log: log,
+		s: l.SectorSize, size: l.Size(),
+	}
+	d.pieceSectors = max(1, (1<<20)/d.s)
+	d.chunkSectors = max(1, (64<<10)/d.s)
+	d.bufs.New = func() any {
+		b := make([]byte, d.pieceSectors*d.s+sector.Slack)
+		return &b
+	}
+	d.recPool.New = func() any {
+		r := make([]record, d.pieceSectors)
+		return &r
+	}
+	n := cfg.Workers
+	if n == 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	d.workers = newWorkers(max(0, n))
+	if l.Authenticated() {
+		if err := d.openAuthenticated(cfg); err != nil {
+			d.workers.stop()
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+func (d *Device) openAuthenticated(cfg Config) error {
+	if len(cfg.JournalKey) != JournalKeySize {
+		return fmt.Errorf("open device: journal key is %d bytes, want %d", len(cfg.JournalKey), JournalKeySize)
+	}
+	rnd := cfg.rand
+	if rnd == nil {
+		rnd = rand.Reader
+	}
+	var err error
+	if d.jrnl, err = newJournal(cfg.JournalKey, d.l, rnd); err != nil {
+		return fmt.Errorf("open device: %w", err)
+	}
+	cacheBytes := cfg.CacheBytes
+	if cacheBytes <= 0 {
+		cacheBytes = DefaultCacheBytes
+	}
+	m := d.l.MetaBlockSize()
+	d.cache = newMetaCache(m, cacheBytes, func(g uint64, buf []byte) error {
+		_, err := d.p.ReadAt(buf, d.l.blockPos(g))
+		return err
+	})
+	// A round pins its metadata blocks, so it may use half of the cache; the other half
+	// keeps serving readers.
+	d.roundMax = max(1, d.cache.capacity()/2)
+	d.maxBatch = cfg.MaxBatchBytes
+	if d.maxBatch <= 0 {
+		d.maxBatch = DefaultMaxBatchBytes
+	}
+	d.maxBatch = max(d.maxBatch, int64(d.pieceSectors*d.s))
+	d.interval = cfg.CommitInterval
+	if d.interval <= 0 {
+		d.interval = DefaultCommitInterval
+	}
+	d.slabs = newSlabPool(d.s, d.pieceSectors, d.maxBatch)
+	d.epoch = time.Now()
+	d.cond.L = &d.mu
+	if err := d.recover(); err != nil {
+		d.jrnl.wipe()
+		return fmt.Errorf("open device: recovery: %w", err)
+	}
+	d.pending = &batch{seq: 1, entries: make(map[uint64]entry)}
+	d.durable, d.started = d.pending.seq-1, d.pending.seq-1
+	if !d.ro {
+		d.kick = make(chan struct{}, 1)
+		d.done = make(chan struct{})
+		go d.committer()
+	}
+	return nil
+}
+
+// Size is the number of bytes exposed.
+func (d *Device) Size() int64 { return d.size }
+
+// SectorSize is the unit below which writes are read-modify-write.
+func (d *Device) SectorSize() int { return d.s }
+
+// Layout is the layout the device was opened with.
+func (d *Device) Layout() Layout { return d.l }
+
+// Recovery reports what Open found in the journal.
+type Recovery struct {
+	// Journal is one of "none" (length-preserving mode), "zero" (never written),
+	// "empty" (clean close), "torn" (the last commit never reached the data area) or
+	// "replayed".
+	Journal string
+	// Sectors is the number of entries replayed; RolledForward of them got their new
+	// record, RolledBack their old one.
+	Sectors, RolledForward, RolledBack int
+	// InMemory: the device is read-only, so the outcome was applied in memory only.
+	InMemory bool
+}
+
+// Recovery reports what Open's recovery did.
+func (d *Device) Recovery() Recovery {
+	if !d.l.Authenticated() {
+		return Recovery{Journal: "none"}
+	}
+	return d.recovery
+}
+
+// Stats are counters for monitoring and tests.
+type Stats struct {
+	Commits          uint64 // batches committed
+	Rounds           uint64 // journal rounds (a batch larger than the journal takes several)
+	SectorsCommitted uint64
+	Syncs            uint64
+	AuthFailures     uint64 // sector reads that failed authentication
+	CacheBlocks      int    // metadata blocks held now
+	CacheLoads       uint64
+	CacheEvictions   uint64
+}
+
+func (d *Device) Stats() Stats {
+	st := Stats{
+		Commits:          d.stats.commits.Load(),
+		Rounds:           d.stats.rounds.Load(),
+		SectorsCommitted: d.stats.sectors.Load(),
+		Syncs:            d.stats.syncs.Load(),
+		AuthFailures:     d.stats.authFailures.Load(),
+	}
+	if d.cache != nil {
+		st.CacheBlocks, st.CacheLoads, st.CacheEvictions = d.cache.stats()
+	}
+	return st
+}
+
+// enter starts a request; leave ends it.
+func (d *Device) enter(write bool) error {
+	d.gate.RLock()
+	if d.closed {
+		d.gate.RUnlock()
+		return ErrClosed
+	}
+	if write && d.ro {
+		d.gate.RUnlock()
+		return ErrReadOnly
+	}
+	return nil
+}
+
+func (d *Device) leave() { d.gate.RUnlock() }
+
+// check bounds a request. Lengths and offsets come from a client: both are checked
+// before any arithmetic uses them.
+func (d *Device) check(off, n int64, write bool) error {
+	if off < 0 || n < 0 {
+		return fmt.Errorf("offset %d length %d: %w", off, n, ErrOutOfRange)
+	}
+	if off > d.size || n > d.size-off {
+		if write {
+			return fmt.Errorf("offset %d length %d on a %d-byte device: %w", off, n, d.size, ErrPastEnd)
+		}
+		return fmt.Errorf("offset %d length %d on a %d-byte device: %w", off, n, d.size, ErrOutOfRange)
+	}
+	return nil
+}
+
+func (d *Device) getBuf() *[]byte  { return d.bufs.Get().(*[]byte) }
+func (d *Device) putBuf(b *[]byte) { d.bufs.Put(b) }
+
+// ReadAt fills p with the plaintext at off. A sector that fails authentication makes the
+// request fail with an error wrapping sector.ErrAuth (and so EIO); p's contents are then
+// unspecified and must not be returned.
+func (d *Device) ReadAt(p []byte, off int64) error {
+	if err := d.enter(false); err != nil {
+		return err
+	}
+	defer d.leave()
+	if err := d.check(off, int64(len(p)), false); err != nil {
+		return err
+	}
+	return d.forSectors(p, off, d.readSectors, func(i uint64, o int, part []byte) error {
+		bp := d.getBuf()
+		defer d.putBuf(bp)
+		buf := (*bp)[:d.s]
+		if err := d.readSectors(buf, i, 1); err != nil {
+			return err
+		}
+		copy(part, buf[o:])
+		return nil
+	})
+}
+
+// forSectors splits [off, off+len(p)) into whole-sector pieces of at most pieceSectors
+// (passed to whole) and partial sectors at the edges (passed to partial with the sector,
+// the offset in it and the slice of p).
+func (d *Device) forSectors(p []byte, off int64, whole func(p []byte, first uint64, n int) error,
+	partial func(i uint64, o int, part []byte) error) error {
+	s := int64(d.s)
+	for len(p) > 0 {
+		i, o := uint64(off/s), int(off%s)
+		if o != 0 || len(p) < d.s {
+			n := min(len(p), d.s-o)
+			if err := partial(i, o, p[:n]); err != nil {
+				return err
+			}
+			p, off = p[n:], off+int64(n)
+			continue
+		}
+		n := min(len(p)/d.s, d.pieceSectors)
+		if err := whole(p[:n*d.s], i, n); err != nil {
+			return err
+		}
+		p, off = p[n*d.s:], off+int64(n)*s
+	}
+	return nil
+}
+
+// WriteAt writes p at off. With FUA the write is durable when WriteAt returns.
+func (d *Device) WriteAt(p []byte, off int64, flags Flags) error {
+	if err := d.enter(true); err != nil {
+		return err
+	}
+	defer d.leave()
+	if err := d.check(off, int64(len(p)), true); err != nil {
+		return err
+	}
+	if !d.l.Authenticated() {
+		return d.plainWriteAt(p, off, flags)
+	}
+	var last uint64
+	err := d.forSectors(p, off, func(p []byte, first uint64, n int) error {
+		seq, err := d.writeWhole(p, first, n)
+		last = max(last, seq)
+		return err
+	}, func(i uint64, o int, part []byte) error {
+		seq, err := d.writePartial(i, o, part)
+		last = max(last, seq)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if flags&FUA != 0 {
+		return d.waitDurable(last)
+	}
+	return nil
+}
+
+// WriteZeroes makes [off, off+length) read as zeroes. In authenticated modes whole sectors
+// get a zero record (and their data is punched out unless NoHole), which is fast; partial
+// sectors at the edges are zeroed by read-modify-write. Length-preserving modes write
+// encrypted zeroes, so FastZero fails there with an error wrapping ENOTSUP.
+func (d *Device) WriteZeroes(off, length int64, flags Flags) error {
+	if err := d.enter(true); err != nil {
+		return err
+	}
+	defer d.leave()
+	if err := d.check(off, length, true); err != nil {
+		return err
+	}
+	if !d.l.Authenticated() {
+		return d.plainWriteZeroes(off, length, flags)
+	}
+	var last uint64
+	s := int64(d.s)
+	if o := off % s; o != 0 && length > 0 {
+		n := min(length, s-o)
+		seq, err := d.writePartial(uint64(off/s), int(o), zeroes(int(n)))
+		if err != nil {
+			return err
+		}
+		last, off, length = max(last, seq), off+n, length-n
+	}
+	if whole := length / s; whole > 0 {
+		seq, err := d.zeroWhole(uint64(off/s), uint64(whole), flags&NoHole == 0)
+		if err != nil {
+			return err
+		}
+		last, off, length = max(last, seq), off+whole*s, length-whole*s
+	}
+	if length > 0 {
+		seq, err := d.writePartial(uint64(off/s), 0, zeroes(int(length)))
+		if err != nil {
+			return err
+		}
+		last = max(last, seq)
+	}
+	if flags&FUA != 0 {
+		return d.waitDurable(last)
+	}
+	return nil
+}
+
+// Trim drops whole sectors in [off, off+length): in authenticated modes they read as
+// zeroes afterwards; in length-preserving modes their data is punched out where the
+// provider can (they then read as the decryption of zeroes, which NBD allows after a
+// trim). Partial sectors at the edges are left alone.
+func (d *Device) Trim(off, length int64, flags Flags) error {
+	if err := d.enter(true); err != nil {
+		return err
+	}
+	defer d.leave()
+	if err := d.check(off, length, true); err != nil {
+		return err
+	}
+	s := int64(d.s)
+	first, end := (off+s-1)/s, (off+length)/s
+	if end <= first {
+		return nil
+	}
+	if !d.l.Authenticated() {
+		return d.plainTrim(uint64(first), uint64(end-first), flags)
+	}
+	seq, err := d.zeroWhole(uint64(first), uint64(end-first), true)
+	if err != nil {
+		return err
+	}
+	if flags&FUA != 0 {
+		return d.waitDurable(seq)
+	}
+	return nil
+}
+
+// Flush makes every write that completed before it was called durable, whichever
+// connection it came from.
+func (d *Device) Flush() error {
+	if err := d.enter(false); err != nil {
+		return err
+	}
+	defer d.leave()
+	if d.ro {
+		return nil
+	}
+	if !d.l.Authenticated() {
+		return d.sync()
+	}
+	d.mu.Lock()
+	target := d.started
+	if !d.pending.empty() {
+		target = d.pending.seq
+	}
+	d.mu.Unlock()
+	return d.waitDurable(target)
+}
+
+// Close commits what is pending, leaves an empty journal and syncs. It waits for requests
+// in flight; later requests fail with ErrClosed. It does not close the provider or wipe
+// the codec (both are the caller's), but wipes its copy of the journal key.
+func (d *Device) Close() error {
+	d.gate.Lock()
+	defer d.gate.Unlock()
+	if d.closed {
+		return ErrClosed
+	}
+	d.closed = true
+	defer d.workers.stop()
+	if !d.l.Authenticated() {
+		if d.ro {
+			return nil
+		}
+		return d.sync()
+	}
+	defer d.jrnl.wipe()
+	if d.ro {
+		return nil
+	}
+	d.mu.Lock()
+	d.stopping = true
+	d.mu.Unlock()
+	d.poke()
+	<-d.done
+	d.mu.Lock()
+	err := d.failed
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	// Everything is committed: an empty journal makes the next Open skip recovery.
+	if err := d.writeJournal(nil); err != nil {
+		return fmt.Errorf("close: %w", err)
+	}
+	return nil
+}
+
+func (d *Device) sync() error {
+	d.stats.syncs.Add(1)
+	if err := d.p.Sync(); err != nil {
+		return fmt.Errorf("sync provider: %w", err)
+	}
+	return nil
+}
+
+var zeroBuf [64 << 10]byte
+
+// zeroes returns n zero bytes (n ≤ MaxSectorSize) that nobody may write to.
+func zeroes(n int) []byte { return zeroBuf[:n] }
+
+// authLog logs a sector that fails authentication once per index, remembering a bounded
+// number of indexes so a scan of a damaged volume cannot fill memory or the log.
+type authLog struct {
+	mu      sync.Mutex
+	seen    map[uint64]struct{}
+	dropped bool
+}
+
+const authLogMax = 4096
+
+func (d *Device) reportAuth(index uint64, err error) {
+	d.stats.authFailures.Add(1)
+	a := &d.authLog
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.seen == nil {
+		a.seen = make(map[uint64]struct{})
+	}
+	if _, ok := a.seen[index]; ok {
+		return
+	}
+	if len(a.seen) >= authLogMax {
+		if !a.dropped {
+			a.dropped = true
+			d.log.Error("more sectors fail authentication; not logging each any more", "logged", authLogMax)
+		}
+		return
+	}
+	a.seen[index] = struct{}{}
+	d.log.Error("sector failed authentication: tampered, corrupted, or torn by a crash on a provider whose atomic write unit is smaller than the sector",
+		"sector", index, "err", err)
+}

@@ -1,0 +1,406 @@
+package blockdev
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/sector"
+)
+
+var modeCases = []struct {
+	name       string
+	mode       sector.Mode
+	sectorSize int
+	sectors    uint64
+}{
+	{"aead-512", sector.ModeXChaCha20Poly1305, 512, 350}, // 4 groups, the last partial
+	{"aead-4096", sector.ModeXChaCha20Poly1305, 4096, 230},
+	{"aead-65536", sector.ModeXChaCha20Poly1305, 65536, 20},
+	{"xor-512", sector.ModeAESXTS256, 512, 300},
+	{"none-4096", sector.ModeNone, 4096, 64},
+}
+
+// TestRandomOpsMatchModel runs random writes (aligned or not), zeroes, trims, flushes and
+// reads against a byte model, then reopens and compares everything.
+func TestRandomOpsMatchModel(t *testing.T) {
+	t.Parallel()
+	for _, tc := range modeCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			v := newTestVol(t, tc.mode, tc.sectorSize, tc.sectors)
+			v.cfg.CommitInterval = time.Millisecond
+			d := v.open(t)
+			size := d.Size()
+			model := make([]byte, size)
+			if !tc.mode.Authenticated() {
+				// Unwritten sectors of length-preserving modes read as the decryption of
+				// whatever the provider holds: start from known zeroes.
+				if err := d.WriteZeroes(0, size, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := rand.New(rand.NewPCG(1, uint64(tc.sectorSize)))
+			buf := make([]byte, 3<<20)
+			for op := range 400 {
+				off := r.Int64N(size)
+				n := min(r.Int64N(int64(3*tc.sectorSize)+1), size-off)
+				if r.IntN(8) == 0 {
+					n = min(r.Int64N(3<<20), size-off)
+				}
+				switch k := r.IntN(10); {
+				case k < 5:
+					p := buf[:n]
+					randFill(r, p)
+					fl := Flags(0)
+					if r.IntN(6) == 0 {
+						fl = FUA
+					}
+					if err := d.WriteAt(p, off, fl); err != nil {
+						t.Fatalf("op %d: write %d@%d: %v", op, n, off, err)
+					}
+					copy(model[off:], p)
+				case k == 5:
+					if err := d.WriteZeroes(off, n, Flags(r.IntN(2))*NoHole); err != nil {
+						t.Fatalf("op %d: zeroes %d@%d: %v", op, n, off, err)
+					}
+					clear(model[off : off+n])
+				case k == 6 && tc.mode.Authenticated():
+					if err := d.Trim(off, n, 0); err != nil {
+						t.Fatalf("op %d: trim: %v", op, err)
+					}
+					s := int64(tc.sectorSize)
+					first, end := (off+s-1)/s*s, (off+n)/s*s
+					if end > first {
+						clear(model[first:end])
+					}
+				case k == 7:
+					if err := d.Flush(); err != nil {
+						t.Fatal(err)
+					}
+				default:
+					p := buf[:n]
+					if err := d.ReadAt(p, off); err != nil {
+						t.Fatalf("op %d: read %d@%d: %v", op, n, off, err)
+					}
+					if !bytes.Equal(p, model[off:off+n]) {
+						t.Fatalf("op %d: read %d@%d differs from the model", op, n, off)
+					}
+				}
+			}
+			if err := d.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if tc.mode.Authenticated() && d.Stats().Commits == 0 {
+				t.Fatal("no commits happened")
+			}
+			d = v.open(t)
+			defer d.Close()
+			if rec := d.Recovery(); tc.mode.Authenticated() && rec.Journal != "empty" {
+				t.Fatalf("after a clean close, recovery found journal %q", rec.Journal)
+			}
+			got := make([]byte, size)
+			if err := d.ReadAt(got, 0); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, model) {
+				t.Fatal("reopened volume differs from the model")
+			}
+			// Data is stored transformed (except in mode none).
+			if tc.mode != sector.ModeNone {
+				raw := v.mem.snapshot()
+				for i := uint64(0); i < tc.sectors; i++ {
+					pt := model[int(i)*tc.sectorSize : int(i+1)*tc.sectorSize]
+					if bytes.Count(pt, []byte{0}) == len(pt) {
+						continue
+					}
+					pos := v.l.dataPos(i)
+					if bytes.Equal(raw[pos:pos+int64(tc.sectorSize)], pt) {
+						t.Fatalf("sector %d is stored in the clear", i)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestErrors(t *testing.T) {
+	t.Parallel()
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, 100)
+	d := v.open(t)
+	size := d.Size()
+	cases := []struct {
+		name string
+		err  error
+		want syscall.Errno
+	}{
+		{"read past end", d.ReadAt(make([]byte, 2), size-1), syscall.EINVAL},
+		{"read negative", d.ReadAt(make([]byte, 2), -1), syscall.EINVAL},
+		{"write past end", d.WriteAt(make([]byte, 2), size-1, 0), syscall.ENOSPC},
+		{"write huge offset", d.WriteAt(make([]byte, 2), 1<<62, 0), syscall.ENOSPC},
+		{"zeroes past end", d.WriteZeroes(size, 1, 0), syscall.ENOSPC},
+		{"trim overflow", d.Trim(1, 1<<63-1, 0), syscall.ENOSPC},
+	}
+	for _, c := range cases {
+		if !errors.Is(c.err, c.want) {
+			t.Errorf("%s: got %v, want an error wrapping %v", c.name, c.err, c.want)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReadAt(make([]byte, 1), 0); !errors.Is(err, syscall.ESHUTDOWN) {
+		t.Errorf("read after close: %v", err)
+	}
+
+	v.cfg.ReadOnly = true
+	ro := v.open(t)
+	defer ro.Close()
+	for name, err := range map[string]error{
+		"write":  ro.WriteAt([]byte{1}, 0, 0),
+		"zeroes": ro.WriteZeroes(0, 1, 0),
+		"trim":   ro.Trim(0, 512, 0),
+	} {
+		if !errors.Is(err, syscall.EPERM) {
+			t.Errorf("read-only %s: %v, want EPERM", name, err)
+		}
+	}
+	if err := ro.Flush(); err != nil {
+		t.Errorf("read-only flush: %v", err)
+	}
+}
+
+func TestOpenRefusesMismatch(t *testing.T) {
+	t.Parallel()
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 4096, 100)
+	cases := map[string]func(c *Config){
+		"codec sector size": func(c *Config) { c.Codec = newCodec(t, sector.ModeXChaCha20Poly1305, 512, testVolumeID) },
+		"codec mode":        func(c *Config) { c.Codec = newCodec(t, sector.ModeNone, 4096, testVolumeID) },
+		"journal key":       func(c *Config) { c.JournalKey = c.JournalKey[:16] },
+		"no codec":          func(c *Config) { c.Codec = nil },
+		"too many sectors":  func(c *Config) { c.Layout.Sectors += 1000 },
+		"journal length":    func(c *Config) { c.Layout.JournalLen += 4096 },
+	}
+	for name, mut := range cases {
+		cfg := v.cfg
+		mut(&cfg)
+		if d, err := Open(v.mem, cfg); err == nil {
+			d.Close()
+			t.Errorf("%s: Open accepted it", name)
+		}
+	}
+}
+
+func TestWriteZeroesFastZero(t *testing.T) {
+	t.Parallel()
+	for _, tc := range modeCases {
+		v := newTestVol(t, tc.mode, tc.sectorSize, tc.sectors)
+		d := v.open(t)
+		err := d.WriteZeroes(0, int64(4*tc.sectorSize), FastZero)
+		want := tc.mode.Authenticated() || tc.mode == sector.ModeNone
+		if want && err != nil {
+			t.Errorf("%s: fast zero: %v", tc.name, err)
+		}
+		if !want && !errors.Is(err, syscall.ENOTSUP) {
+			t.Errorf("%s: fast zero gave %v, want ENOTSUP", tc.name, err)
+		}
+		d.Close()
+	}
+}
+
+// TestFormatFile formats a real file full of garbage: it must read as zeroes, stay sparse
+// and keep the header regions intact.
+func TestFormatFile(t *testing.T) {
+	t.Parallel()
+	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, 4096, 500, DefaultJournalLen)
+	path := filepath.Join(t.TempDir(), "vol")
+	garbage := bytes.Repeat([]byte{0xa5}, int(size))
+	if err := os.WriteFile(path, garbage, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := provider.Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := Format(f, l); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(f, Config{Layout: l, Codec: newCodec(t, sector.ModeXChaCha20Poly1305, 4096, testVolumeID), JournalKey: testJournalKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, d.Size())
+	if err := d.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Count(got, []byte{0}) != len(got) {
+		t.Fatal("formatted volume does not read as zeroes")
+	}
+	d.Close()
+	raw, _ := os.ReadFile(path)
+	if !bytes.Equal(raw[:HeaderRegionLen], garbage[:HeaderRegionLen]) || !bytes.Equal(raw[size-HeaderCopyLen:], garbage[:HeaderCopyLen]) {
+		t.Fatal("Format touched a header region")
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 > size/2 {
+		t.Errorf("formatted file uses %d of %d bytes: not punched", st.Blocks*512, size)
+	}
+}
+
+// TestFormatWithoutPunch zeroes only the journal and the metadata blocks.
+func TestFormatWithoutPunch(t *testing.T) {
+	t.Parallel()
+	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, 512, 300, JournalAlign)
+	mem := newMem(size)
+	for i := range mem.data {
+		mem.data[i] = 0x5a
+	}
+	if err := Format(noPunch{mem}, l); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(mem, Config{Layout: l, Codec: newCodec(t, sector.ModeXChaCha20Poly1305, 512, testVolumeID), JournalKey: testJournalKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	got := make([]byte, d.Size())
+	if err := d.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Count(got, []byte{0}) != len(got) {
+		t.Fatal("volume does not read as zeroes")
+	}
+	if mem.data[l.dataPos(5)] != 0x5a {
+		t.Fatal("Format without punch wrote data sectors (it needs only the metadata)")
+	}
+}
+
+type noPunch struct{ *memProvider }
+
+func (noPunch) Punch() {} // shadows memProvider.Punch with a different signature
+
+// TestCacheBounded writes across many groups with a cache of four blocks: the cache never
+// holds more, and commits split into rounds that fit it.
+func TestCacheBounded(t *testing.T) {
+	t.Parallel()
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, 102*40)
+	v.cfg.CacheBytes = 4 * 4096
+	d := v.open(t)
+	model := make([]byte, d.Size())
+	r := rand.New(rand.NewPCG(3, 4))
+	p := make([]byte, 512)
+	for range 300 {
+		off := r.Int64N(d.Size()/512) * 512
+		randFill(r, p)
+		if err := d.WriteAt(p, off, 0); err != nil {
+			t.Fatal(err)
+		}
+		copy(model[off:], p)
+		if st := d.Stats(); st.CacheBlocks > 4 {
+			t.Fatalf("cache holds %d blocks, bound 4", st.CacheBlocks)
+		}
+	}
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	st := d.Stats()
+	if st.Rounds <= st.Commits {
+		t.Fatalf("%d rounds for %d commits: a batch over 40 groups should need several rounds of 2", st.Rounds, st.Commits)
+	}
+	got := make([]byte, d.Size())
+	if err := d.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, model) {
+		t.Fatal("content differs from the model")
+	}
+	if st := d.Stats(); st.CacheBlocks > 4 || st.CacheEvictions == 0 {
+		t.Fatalf("cache holds %d blocks after %d evictions", st.CacheBlocks, st.CacheEvictions)
+	}
+	d.Close()
+}
+
+func TestPlanLayout(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		size       int64
+		sectorSize int
+		mode       sector.Mode
+		journal    int64
+		wantErr    bool
+	}{
+		{1 << 30, 4096, sector.ModeXChaCha20Poly1305, 0, false},
+		{1 << 30, 512, sector.ModeXChaCha20Poly1305, 1 << 20, false},
+		{1<<30 + 12345, 65536, sector.ModeXChaCha20Poly1305, 0, false},
+		{1 << 40, 4096, sector.ModeXChaCha20Poly1305, 0, false},
+		{1 << 30, 4096, sector.ModeAESXTS256, 0, false},
+		{1<<20 + 777, 512, sector.ModeNone, 0, false},
+		{100000, 4096, sector.ModeXChaCha20Poly1305, 0, true},
+		{1 << 30, 4096, sector.ModeXChaCha20Poly1305, 12345, true},
+		{1 << 30, 3000, sector.ModeXChaCha20Poly1305, 0, true},
+	} {
+		l, err := PlanLayout(tc.size, tc.sectorSize, tc.mode, tc.journal)
+		if tc.wantErr {
+			if err == nil {
+				t.Errorf("%+v: planned %+v, want an error", tc, l)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%+v: %v", tc, err)
+			continue
+		}
+		// Maximal: one more sector does not fit.
+		more := l
+		more.Sectors++
+		if more.Validate(tc.size) == nil {
+			t.Errorf("%+v: %d sectors planned but %d fit", tc, l.Sectors, more.Sectors)
+		}
+		end := l.DataOffset + l.Span()
+		if end > dataLimit(tc.size) || dataLimit(tc.size)%JournalAlign != 0 || end > headerBOffset(tc.size) {
+			t.Errorf("%+v: data area ends at %d, past E=%d", tc, end, dataLimit(tc.size))
+		}
+	}
+	// The minimum size is exactly the smallest that works.
+	probe, _ := PlanLayout(1<<30, 4096, sector.ModeXChaCha20Poly1305, 0)
+	min := MinProviderSize(probe)
+	if l, err := PlanLayout(min, 4096, sector.ModeXChaCha20Poly1305, 0); err != nil || l.Sectors < 1 {
+		t.Errorf("at the minimum size %d: %+v, %v", min, l, err)
+	}
+	if _, err := PlanLayout(min-4096, 4096, sector.ModeXChaCha20Poly1305, 0); err == nil {
+		t.Errorf("below the minimum size %d: no error", min)
+	}
+}
+
+func TestGeometry(t *testing.T) {
+	t.Parallel()
+	// docs/format.md: M = max(S, 4096), R = floor(M/40), G = M + R·S.
+	for _, tc := range []struct{ s, m, r int }{{512, 4096, 102}, {4096, 4096, 102}, {65536, 65536, 1638}} {
+		l := Layout{SectorSize: tc.s, MetaSize: 40, DataOffset: 1 << 20, Sectors: 1000}
+		if l.MetaBlockSize() != tc.m || l.RecordsPerGroup() != tc.r || l.GroupLen() != int64(tc.m+tc.r*tc.s) {
+			t.Errorf("S=%d: M=%d R=%d G=%d", tc.s, l.MetaBlockSize(), l.RecordsPerGroup(), l.GroupLen())
+		}
+		// Sector R+1 is the second sector of group 1.
+		if got, want := l.dataPos(uint64(tc.r+1)), int64(1<<20)+l.GroupLen()+int64(tc.m)+int64(tc.s); got != want {
+			t.Errorf("S=%d: dataPos(R+1)=%d want %d", tc.s, got, want)
+		}
+		if got := l.Span(); got != int64(1000/tc.r)*l.GroupLen()+func() int64 {
+			if rem := 1000 % tc.r; rem > 0 {
+				return int64(tc.m + rem*tc.s)
+			}
+			return 0
+		}() {
+			t.Errorf("S=%d: span %d", tc.s, got)
+		}
+	}
+}

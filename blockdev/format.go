@@ -1,0 +1,66 @@
+package blockdev
+
+import (
+	"fmt"
+
+	"github.com/elidisk/eli/provider"
+)
+
+// Format prepares a new volume's journal and metadata for `eli init`: every record zero
+// (every sector reads as zeroes) and no journal. Length-preserving modes have neither, so
+// there is nothing to do. It never touches the header regions.
+//
+// On a regular file it punches out the journal and the whole data area: instant, and the
+// file stays sparse. On a block device (or a provider that cannot punch) it zeroes the
+// journal and each metadata block, about 1% of the data area, leaving the data sectors
+// alone: their zero records make them read as zeroes.
+func Format(p provider.Provider, l Layout) error {
+	if err := l.Validate(p.Size()); err != nil {
+		return fmt.Errorf("format: %w", err)
+	}
+	if !l.Authenticated() {
+		return nil
+	}
+	end := l.DataOffset + l.Span()
+	pu, canPunch := p.(provider.Puncher)
+	blockDev := false
+	if b, ok := p.(interface{ IsBlockDevice() bool }); ok {
+		blockDev = b.IsBlockDevice()
+	}
+	if canPunch && !blockDev {
+		if err := pu.Punch(l.JournalOffset, end-l.JournalOffset); err != nil {
+			return fmt.Errorf("format: %w", err)
+		}
+		return syncFormat(p)
+	}
+	zero := func(off, n int64) error {
+		if canPunch {
+			return pu.Punch(off, n)
+		}
+		for n > 0 {
+			k := min(n, int64(len(zeroBuf)))
+			if _, err := p.WriteAt(zeroBuf[:k], off); err != nil {
+				return err
+			}
+			off, n = off+k, n-k
+		}
+		return nil
+	}
+	if err := zero(l.JournalOffset, l.JournalLen); err != nil {
+		return fmt.Errorf("format: zero journal: %w", err)
+	}
+	m := int64(l.MetaBlockSize())
+	for g := range l.Groups() {
+		if err := zero(l.blockPos(g), m); err != nil {
+			return fmt.Errorf("format: zero metadata block of group %d: %w", g, err)
+		}
+	}
+	return syncFormat(p)
+}
+
+func syncFormat(p provider.Provider) error {
+	if err := p.Sync(); err != nil {
+		return fmt.Errorf("format: sync: %w", err)
+	}
+	return nil
+}

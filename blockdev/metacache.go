@@ -1,0 +1,176 @@
+package blockdev
+
+import (
+	"fmt"
+	"sync"
+)
+
+// metaCache keeps metadata blocks in memory, bounded by a number of blocks, least recently
+// used first out. It is write-through: the committer writes a block to the provider from
+// the cached copy, so every entry is clean except while a commit has it pinned, and only
+// unpinned entries are evicted. Memory therefore depends on the bound, never on the
+// provider's size.
+//
+// Who changes a block: only the committer (patch, under mu), for sectors of the batch it
+// is committing; readers take records of sectors in no batch (records, under mu). Loads
+// of one group are single-flight, and the committer pins a block before it writes it, so a
+// load can never race with a write of the same block and cache a stale copy.
+type metaCache struct {
+	mu      sync.Mutex
+	blocks  map[uint64]*mblock
+	lru     mblock // sentinel: lru.next is the most recent, lru.prev the least
+	n, max  int
+	size    int // M
+	load    func(g uint64, buf []byte) error
+	spare   [][]byte // buffers of evicted blocks, reused by loads
+	loads   uint64   // statistics
+	evicted uint64
+}
+
+type mblock struct {
+	g          uint64
+	data       []byte
+	pins       int
+	loading    chan struct{} // closed when the load finished; nil once loaded
+	err        error         // load error, for waiters
+	prev, next *mblock
+}
+
+func newMetaCache(blockSize int, maxBytes int64, load func(g uint64, buf []byte) error) *metaCache {
+	c := &metaCache{
+		blocks: make(map[uint64]*mblock),
+		max:    int(max(1, maxBytes/int64(blockSize))),
+		size:   blockSize,
+		load:   load,
+	}
+	c.lru.next, c.lru.prev = &c.lru, &c.lru
+	return c
+}
+
+func (c *metaCache) unlink(b *mblock) { b.prev.next, b.next.prev = b.next, b.prev }
+
+func (c *metaCache) pushFront(b *mblock) {
+	b.prev, b.next = &c.lru, c.lru.next
+	b.prev.next, b.next.prev = b, b
+}
+
+// get returns group g's block, loaded and pinned. Callers hold no lock; they unpin it
+// when done. A pinned block's data may be read without mu (only its pinner patches it).
+func (c *metaCache) get(g uint64) (*mblock, error) {
+	c.mu.Lock()
+	for {
+		b, ok := c.blocks[g]
+		if !ok {
+			break
+		}
+		if b.loading == nil {
+			b.pins++
+			c.unlink(b)
+			c.pushFront(b)
+			c.mu.Unlock()
+			return b, nil
+		}
+		ch := b.loading
+		c.mu.Unlock()
+		<-ch
+		c.mu.Lock()
+		if b.err != nil {
+			err := b.err
+			c.mu.Unlock()
+			return nil, err
+		}
+	}
+	b := &mblock{g: g, loading: make(chan struct{})}
+	if n := len(c.spare); n > 0 {
+		b.data, c.spare = c.spare[n-1], c.spare[:n-1]
+	} else {
+		b.data = make([]byte, c.size)
+	}
+	c.blocks[g] = b
+	c.n++
+	c.loads++
+	c.mu.Unlock()
+
+	err := c.load(g, b.data)
+
+	c.mu.Lock()
+	ch := b.loading
+	b.loading = nil
+	if err != nil {
+		b.err = fmt.Errorf("read metadata block of group %d: %w", g, err)
+		delete(c.blocks, g)
+		c.n--
+		c.mu.Unlock()
+		close(ch)
+		return nil, b.err
+	}
+	b.pins++
+	c.pushFront(b)
+	c.evictLocked()
+	c.mu.Unlock()
+	close(ch)
+	return b, nil
+}
+
+func (c *metaCache) unpin(b *mblock) {
+	c.mu.Lock()
+	b.pins--
+	c.evictLocked()
+	c.mu.Unlock()
+}
+
+func (c *metaCache) evictLocked() {
+	for b := c.lru.prev; c.n > c.max && b != &c.lru; {
+		prev := b.prev
+		if b.pins == 0 {
+			c.unlink(b)
+			delete(c.blocks, b.g)
+			c.n--
+			c.evicted++
+			if len(c.spare) < 16 {
+				c.spare = append(c.spare, b.data)
+			}
+			b.data = nil
+		}
+		b = prev
+	}
+}
+
+// records copies the records at positions [j, j+len(dst)/RecordSize) of group g.
+func (c *metaCache) records(g uint64, j int, dst []byte) error {
+	b, err := c.get(g)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	copy(dst, b.data[j*RecordSize:])
+	b.pins--
+	c.evictLocked()
+	c.mu.Unlock()
+	return nil
+}
+
+// patch sets the record at position j of a block the caller has pinned.
+func (c *metaCache) patch(b *mblock, j int, r *record) {
+	c.mu.Lock()
+	copy(b.data[j*RecordSize:], r[:])
+	c.mu.Unlock()
+}
+
+// record reads position j of a block the caller has pinned.
+func (c *metaCache) record(b *mblock, j int) (r record) {
+	c.mu.Lock()
+	copy(r[:], b.data[j*RecordSize:])
+	c.mu.Unlock()
+	return r
+}
+
+// capacity is the bound in blocks.
+func (c *metaCache) capacity() int { return c.max }
+
+// stats reports the number of blocks held, loads and evictions so far.
+func (c *metaCache) stats() (held int, loads, evicted uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n, c.loads, c.evicted
+}

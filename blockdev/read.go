@@ -1,0 +1,238 @@
+package blockdev
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/elidisk/eli/sector"
+)
+
+// Reads in authenticated modes. A sector's newest value is in the pending batch, else in
+// the committing batch, else on the provider (its record in the metadata cache, its data
+// in the data area).
+//
+// The race to avoid: a reader finds a sector in no batch, and while it reads record and
+// data, a commit that started after its look writes that sector in place, so the reader
+// pairs an old record with new data (or the reverse) and fails authentication for a write
+// that did nothing wrong. The committing batch stays visible until its in-place writes and
+// cache updates have returned, and batches begin committing in sequence, so after its
+// disk reads the reader looks again:
+//
+//   - no batch began committing since its first look: no commit touched its sectors in the
+//     meantime (the batch committing then, if any, did not hold them: the reader looked);
+//   - exactly one began and is still committing: any of its sectors that the batch holds
+//     are taken from the batch instead; the others were not touched;
+//   - otherwise (a commit began and finished during the read) it reads again. The third
+//     attempt holds commitMu, which keeps the next commit from starting its writes, so a
+//     read cannot starve behind a stream of commits.
+//
+// TestReadDuringCommit exercises this under -race.
+
+type srcKind uint8
+
+const (
+	srcDisk  srcKind = iota // record from the cache (rec), data read into dst
+	srcBatch                // a batch entry: ciphertext in slab (or zero record if slab is nil)
+)
+
+type source struct {
+	kind srcKind
+	slab *slab
+	off  int32
+	rec  record
+}
+
+type readScratch struct {
+	src  []source
+	recs []byte
+}
+
+var readScratchPool = sync.Pool{New: func() any { return new(readScratch) }}
+
+// readSectors reads n whole sectors (n ≤ pieceSectors) starting at first into dst
+// (n·S bytes, no spare capacity needed).
+func (d *Device) readSectors(dst []byte, first uint64, n int) error {
+	if !d.l.Authenticated() {
+		return d.plainReadSectors(dst, first, n)
+	}
+	rs := readScratchPool.Get().(*readScratch)
+	defer readScratchPool.Put(rs)
+	if cap(rs.src) < n {
+		rs.src = make([]source, d.pieceSectors)
+		rs.recs = make([]byte, d.pieceSectors*RecordSize)
+	}
+	src := rs.src[:n]
+	defer d.dropRefs(src)
+	for attempt := 0; ; attempt++ {
+		locked := attempt >= 2
+		if locked {
+			d.commitMu.Lock()
+		}
+		seen := d.classify(first, src)
+		err := d.fetchDisk(dst, first, src, rs.recs[:n*RecordSize])
+		ok := err == nil && d.revalidate(first, src, seen)
+		if locked {
+			d.commitMu.Unlock()
+		}
+		if err != nil {
+			return err
+		}
+		if ok {
+			break
+		}
+		d.dropRefs(src)
+	}
+	return d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+		return d.openSources(dst, first, src, lo, hi)
+	})
+}
+
+func (d *Device) dropRefs(src []source) {
+	for k := range src {
+		if src[k].slab != nil {
+			d.slabs.release(src[k].slab)
+			src[k].slab = nil
+		}
+	}
+}
+
+func (s *source) fromEntry(e entry) {
+	*s = source{kind: srcBatch, slab: e.slab, off: e.off, rec: e.rec}
+	if e.slab != nil {
+		e.slab.refs.Add(1)
+	}
+}
+
+// classify looks each sector up in the batches and returns the commit sequence it saw.
+func (d *Device) classify(first uint64, src []source) uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pe := d.pending.entries
+	var ce map[uint64]entry
+	if d.committing != nil {
+		ce = d.committing.entries
+	}
+	for k := range src {
+		i := first + uint64(k)
+		src[k] = source{kind: srcDisk}
+		if len(pe) > 0 {
+			if e, ok := pe[i]; ok {
+				src[k].fromEntry(e)
+				continue
+			}
+		}
+		if len(ce) > 0 {
+			if e, ok := ce[i]; ok {
+				src[k].fromEntry(e)
+			}
+		}
+	}
+	return d.started
+}
+
+// revalidate is the second look described above.
+func (d *Device) revalidate(first uint64, src []source, seen uint64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.started == seen {
+		return true
+	}
+	c := d.committing
+	if d.started != seen+1 || c == nil || c.seq != seen+1 {
+		return false
+	}
+	for k := range src {
+		if src[k].kind != srcDisk {
+			continue
+		}
+		if e, ok := c.entries[first+uint64(k)]; ok {
+			src[k].fromEntry(e)
+		}
+	}
+	return true
+}
+
+// fetchDisk fills in the records of the sectors that are in no batch and reads the data
+// of those whose record is not zero, one ReadAt per run of such sectors in a group.
+func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte) error {
+	n := len(src)
+	for k := 0; k < n; {
+		if src[k].kind != srcDisk {
+			k++
+			continue
+		}
+		g, j := d.l.groupOf(first + uint64(k))
+		end := min(n, k+d.l.groupSectors(g)-j) // end of this group within the request
+		if err := d.cache.records(g, j, recs[k*RecordSize:end*RecordSize]); err != nil {
+			return err
+		}
+		for x := k; x < end; x++ {
+			if src[x].kind != srcDisk {
+				continue
+			}
+			copy(src[x].rec[:], recs[x*RecordSize:])
+			if d.overrides != nil {
+				if r, ok := d.overrides[first+uint64(x)]; ok {
+					src[x].rec = r
+				}
+			}
+		}
+		// Data of sectors with a record, coalesced into runs.
+		for x := k; x < end; {
+			if src[x].kind != srcDisk || src[x].rec.isZero() {
+				x++
+				continue
+			}
+			y := x + 1
+			for y < end && src[y].kind == srcDisk && !src[y].rec.isZero() {
+				y++
+			}
+			if _, err := d.p.ReadAt(dst[x*d.s:y*d.s], d.l.dataPos(first+uint64(x))); err != nil {
+				return fmt.Errorf("read sectors %d-%d: %w", first+uint64(x), first+uint64(y-1), err)
+			}
+			x = y
+		}
+		k = end
+	}
+	return nil
+}
+
+// openSources turns sectors [lo, hi) of dst into plaintext. Like sealInSlab it opens in
+// place, borrowing the next sector's first bytes as the tag's room, except for the last
+// sector of the chunk.
+func (d *Device) openSources(dst []byte, first uint64, src []source, lo, hi int) error {
+	s := d.s
+	var save [sector.Slack]byte
+	var firstErr error
+	for k := lo; k < hi; k++ {
+		sec := dst[k*s : (k+1)*s]
+		sc := &src[k]
+		if sc.rec.isZero() {
+			// Never written, trimmed or zeroed: zeroes, whatever the data area holds.
+			clear(sec)
+			continue
+		}
+		if sc.kind == srcBatch {
+			copy(sec, sc.slab.buf[sc.off:int(sc.off)+s])
+		}
+		var err error
+		if k < hi-1 {
+			copy(save[:], dst[(k+1)*s:])
+			err = d.codec.Open(first+uint64(k), dst[k*s:(k+1)*s:(k+1)*s+sector.Slack], sc.rec[:])
+			copy(dst[(k+1)*s:], save[:])
+		} else {
+			err = d.codec.Open(first+uint64(k), sec[:s:s], sc.rec[:])
+		}
+		if err != nil {
+			clear(sec)
+			if errors.Is(err, sector.ErrAuth) {
+				d.reportAuth(first+uint64(k), err)
+			}
+			if firstErr == nil {
+				firstErr = fmt.Errorf("read: %w", err)
+			}
+		}
+	}
+	return firstErr
+}

@@ -1,0 +1,123 @@
+package blockdev
+
+import (
+	"crypto/cipher"
+	"errors"
+	"fmt"
+	"reflect"
+	"unsafe"
+
+	"github.com/elidisk/eli/sector"
+)
+
+// recover replays the journal (docs/format.md, "Journal"): for each entry, the new record
+// wins if the sector's data opens with it (or it is zero), the old one otherwise. It reads
+// one sector per entry, so its cost follows the last commit's size, never the volume's.
+// Writable devices write the chosen records, sync, and leave an empty journal; read-only
+// ones keep them in memory (d.overrides) and write nothing.
+func (d *Device) recover() error {
+	entries, err := d.jrnl.read(d.p, d.l.Sectors)
+	switch {
+	case errors.Is(err, errNoJournal):
+		d.recovery.Journal = "zero"
+		d.log.Debug("journal: nothing to recover", "detail", err)
+		return nil
+	case errors.Is(err, errJournalTorn):
+		// Its sync never completed, so none of its in-place writes started.
+		d.recovery.Journal = "torn"
+		d.log.Info("journal: the last commit was interrupted before it reached the data area; nothing to recover", "detail", err)
+		return nil
+	case err != nil:
+		return err
+	case len(entries) == 0:
+		d.recovery.Journal = "empty"
+		return nil
+	}
+	d.recovery = Recovery{Journal: "replayed", Sectors: len(entries), InMemory: d.ro}
+	if d.ro {
+		d.overrides = make(map[uint64]record)
+	}
+	buf := make([]byte, d.s+sector.Slack)
+	var blocks []*mblock
+	defer func() {
+		for _, b := range blocks {
+			d.cache.unpin(b)
+		}
+	}()
+	for _, e := range entries {
+		choice := e.old
+		if e.new.isZero() {
+			choice = e.new
+		} else {
+			if _, err := d.p.ReadAt(buf[:d.s], d.l.dataPos(e.index)); err != nil {
+				return fmt.Errorf("read sector %d: %w", e.index, err)
+			}
+			err := d.codec.Open(e.index, buf[:d.s], e.new[:])
+			switch {
+			case err == nil:
+				choice = e.new
+			case !errors.Is(err, sector.ErrAuth):
+				return fmt.Errorf("open sector %d: %w", e.index, err)
+			}
+		}
+		clear(buf)
+		if choice == e.new {
+			d.recovery.RolledForward++
+		} else {
+			d.recovery.RolledBack++
+		}
+		g, j := d.l.groupOf(e.index)
+		if len(blocks) == 0 || blocks[len(blocks)-1].g != g {
+			b, err := d.cache.get(g)
+			if err != nil {
+				return err
+			}
+			blocks = append(blocks, b)
+		}
+		b := blocks[len(blocks)-1]
+		if d.cache.record(b, j) == choice {
+			continue
+		}
+		if d.ro {
+			d.overrides[e.index] = choice
+		} else {
+			d.cache.patch(b, j, &choice)
+		}
+	}
+	r := d.recovery
+	d.log.Info("journal: recovered the last commit", "sectors", r.Sectors,
+		"rolled_forward", r.RolledForward, "rolled_back", r.RolledBack, "in_memory_only", r.InMemory)
+	if d.ro {
+		return nil
+	}
+	for _, b := range blocks {
+		if _, err := d.p.WriteAt(b.data, d.l.blockPos(b.g)); err != nil {
+			return fmt.Errorf("write metadata block of group %d: %w", b.g, err)
+		}
+	}
+	if err := d.sync(); err != nil {
+		return err
+	}
+	// The records are durable: the journal has done its job.
+	return d.writeJournal(nil)
+}
+
+// wipe zeroes the journal key inside the x/crypto AEAD (see sector's aead.go for why
+// reflection: the package offers no other way).
+func (j *journal) wipe() {
+	wipeAEADKey(j.aead)
+	j.aead = nil
+}
+
+func wipeAEADKey(a cipher.AEAD) bool {
+	v := reflect.ValueOf(a)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return false
+	}
+	f := v.Elem().FieldByName("key")
+	if !f.IsValid() || f.Kind() != reflect.Array || f.Type().Elem().Kind() != reflect.Uint8 {
+		return false
+	}
+	clear(unsafe.Slice((*byte)(unsafe.Pointer(f.UnsafeAddr())), f.Len()))
+	return true
+}

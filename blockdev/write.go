@@ -1,0 +1,211 @@
+package blockdev
+
+import (
+	"time"
+
+	"github.com/elidisk/eli/sector"
+)
+
+// Writes in authenticated modes: each request seals its sectors into a slab (in the
+// caller's goroutine, or the worker pool for large ones) and inserts them into the pending
+// batch, replacing older entries of the same sectors. Nothing reaches the provider until
+// the batch is committed (commit.go).
+
+// sealInSlab seals sectors [lo, hi) of slab sl, which hold plaintext of sectors first+lo…
+// into ciphertext, and their records into recs. Only the slab's last sector has real
+// Slack behind it; the others borrow the first Slack bytes of the next sector, saved and
+// restored around the call, so sealing stays in place without a copy. The last sector of
+// a chunk cannot borrow (the next chunk may be sealing concurrently) and takes the codec's
+// copying path instead.
+func (d *Device) sealInSlab(buf []byte, first uint64, lo, hi, total int, recs []record) {
+	s := d.s
+	var save [sector.Slack]byte
+	for k := lo; k < hi; k++ {
+		sec := buf[k*s : (k+1)*s]
+		switch {
+		case k == total-1:
+			d.codec.Seal(first+uint64(k), sec, recs[k][:])
+		case k < hi-1:
+			copy(save[:], buf[(k+1)*s:])
+			d.codec.Seal(first+uint64(k), buf[k*s:(k+1)*s:(k+1)*s+sector.Slack], recs[k][:])
+			copy(buf[(k+1)*s:], save[:])
+		default:
+			d.codec.Seal(first+uint64(k), sec[:s:s], recs[k][:])
+		}
+	}
+}
+
+// writeWhole writes n whole sectors (n ≤ pieceSectors) from p and returns the sequence
+// number of the batch that holds them.
+func (d *Device) writeWhole(p []byte, first uint64, n int) (uint64, error) {
+	sl := d.slabs.get(n)
+	cost := int64(len(sl.buf) - sector.Slack)
+	if err := d.reserve(cost); err != nil {
+		d.slabs.release(sl)
+		return 0, err
+	}
+	copy(sl.buf, p)
+	rp := d.getRecs(n)
+	recs := *rp
+	d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+		d.sealInSlab(sl.buf, first, lo, hi, n, recs)
+		return nil
+	})
+	d.locks.lock(first, uint64(n))
+	seq := d.insert(first, n, sl, recs, cost)
+	d.locks.unlock(first, uint64(n))
+	d.putRecs(rp)
+	d.slabs.release(sl) // the entries hold their own references
+	return seq, nil
+}
+
+// writePartial writes part at offset o of sector i: read, modify, seal, insert, all under
+// the sector's lock so that no other write of the sector can slip in between.
+func (d *Device) writePartial(i uint64, o int, part []byte) (uint64, error) {
+	sl := d.slabs.get(1)
+	cost := int64(d.s)
+	if err := d.reserve(cost); err != nil {
+		d.slabs.release(sl)
+		return 0, err
+	}
+	d.locks.lock(i, 1)
+	defer d.locks.unlock(i, 1)
+	if err := d.readSectors(sl.buf[:d.s], i, 1); err != nil {
+		d.unreserve(cost)
+		d.slabs.release(sl)
+		return 0, err
+	}
+	copy(sl.buf[o:d.s], part)
+	var rec [1]record
+	d.codec.Seal(i, sl.buf[:d.s], rec[0][:])
+	seq := d.insert(i, 1, sl, rec[:], cost)
+	d.slabs.release(sl)
+	return seq, nil
+}
+
+// zeroWhole gives sectors [first, first+n) a zero record, in pieces that fit a batch.
+func (d *Device) zeroWhole(first, n uint64, punch bool) (uint64, error) {
+	piece := uint64(max(1, d.maxBatch/zeroEntryCost/2))
+	var seq uint64
+	for n > 0 {
+		k := min(n, piece)
+		cost := int64(k) * zeroEntryCost
+		if err := d.reserve(cost); err != nil {
+			return 0, err
+		}
+		d.locks.lock(first, k)
+		d.mu.Lock()
+		b := d.pending
+		for x := range k {
+			d.replaceLocked(b, first+x, entry{punch: punch})
+		}
+		seq = d.addedLocked(b, cost)
+		d.mu.Unlock()
+		d.locks.unlock(first, k)
+		first, n = first+k, n-k
+	}
+	return seq, nil
+}
+
+// insert puts n sealed sectors of slab sl into the pending batch.
+func (d *Device) insert(first uint64, n int, sl *slab, recs []record, cost int64) uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b := d.pending
+	for k := range n {
+		sl.refs.Add(1)
+		d.replaceLocked(b, first+uint64(k), entry{slab: sl, off: int32(k * d.s), rec: recs[k]})
+	}
+	return d.addedLocked(b, cost)
+}
+
+func (d *Device) replaceLocked(b *batch, i uint64, e entry) {
+	if old, ok := b.entries[i]; ok && old.slab != nil {
+		d.slabs.release(old.slab)
+	}
+	b.entries[i] = e
+}
+
+// addedLocked accounts for cost bytes moved from the reservation into batch b and wakes
+// the committer when the batch starts or fills.
+func (d *Device) addedLocked(b *batch, cost int64) uint64 {
+	d.reserved -= cost
+	if b.bytes == 0 {
+		b.first = d.now()
+		d.poke()
+	}
+	b.bytes += cost
+	if b.bytes >= d.maxBatch {
+		d.poke()
+	}
+	return b.seq
+}
+
+func (d *Device) now() int64 { return int64(time.Since(d.epoch)) }
+
+// reserve waits until the pending batch has room for cost more bytes (or is empty: a
+// request bigger than MaxBatchBytes still goes through, alone) and reserves them. This
+// is the backpressure that bounds memory: writers wait for commits.
+func (d *Device) reserve(cost int64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for {
+		if d.failed != nil {
+			return d.failed
+		}
+		used := d.pending.bytes + d.reserved
+		if used == 0 || used+cost <= d.maxBatch {
+			d.reserved += cost
+			return nil
+		}
+		d.blocked++
+		d.poke()
+		d.cond.Wait()
+		d.blocked--
+	}
+}
+
+func (d *Device) unreserve(cost int64) {
+	d.mu.Lock()
+	d.reserved -= cost
+	d.cond.Broadcast()
+	d.mu.Unlock()
+}
+
+// poke wakes the committer without blocking.
+func (d *Device) poke() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// waitDurable waits until batch seq is committed; if it is still pending, it asks for a
+// commit now.
+func (d *Device) waitDurable(seq uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pending.seq == seq && !d.pending.empty() {
+		d.urgent = true
+		d.poke()
+	}
+	for d.durable < seq {
+		if d.failed != nil {
+			return d.failed
+		}
+		d.cond.Wait()
+	}
+	return nil
+}
+
+// getRecs returns scratch for n records.
+func (d *Device) getRecs(n int) *[]record {
+	rp := d.recPool.Get().(*[]record)
+	if cap(*rp) < n {
+		*rp = make([]record, d.pieceSectors)
+	}
+	*rp = (*rp)[:n]
+	return rp
+}
+
+func (d *Device) putRecs(rp *[]record) { d.recPool.Put(rp) }
