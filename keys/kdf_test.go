@@ -1,0 +1,134 @@
+package keys
+
+import (
+	"errors"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestKDFValidate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		p  KDFParams
+		ok bool
+	}{
+		{KDFParams{1, 8, 1}, true},
+		{KDFParams{1000, MaxKDFMemoryKiB, 255}, true},
+		{KDFParams{0, 64, 1}, false},
+		{KDFParams{1001, 64, 1}, false},
+		{KDFParams{1, 64, 0}, false},
+		{KDFParams{1, 7, 1}, false},
+		{KDFParams{1, 8*4 - 1, 4}, false},
+		{KDFParams{1, MaxKDFMemoryKiB + 1, 1}, false},
+		{KDFParams{1, ^uint32(0), 1}, false},
+	} {
+		err := tc.p.Validate()
+		if (err == nil) != tc.ok || (err != nil && (!errors.Is(err, ErrKDFParams) || !strings.Contains(err.Error(), "KDF parameters out of range"))) {
+			t.Errorf("%+v: Validate = %v, want ok %v", tc.p, err, tc.ok)
+		}
+	}
+}
+
+// A header asking for more than the bounds is refused before any Argon2 runs.
+func TestHostileKDFParamsRefused(t *testing.T) {
+	t.Parallel()
+	p, _ := newVolume(t)
+	good := p.bytesAt(0, HeaderSize)
+	for _, tc := range []struct {
+		name string
+		off  int
+		val  []byte
+	}{
+		{"memory 4 GiB + 1 KiB", slotMemory, []byte{1, 0, 0x40, 0}},
+		{"memory 2^32-1 KiB", slotMemory, []byte{0xff, 0xff, 0xff, 0xff}},
+		{"1001 passes", slotTime, []byte{0xe9, 3, 0, 0}},
+		{"0 threads", slotThreads, []byte{0}},
+		{"KDF 2", slotKDF, []byte{2}},
+	} {
+		raw := append([]byte(nil), good...)
+		copy(raw[offSlots+tc.off:], tc.val)
+		q := p.clone()
+		rewrite(q, 0, raw)
+		rewrite(q, copyB(q), raw)
+		start := time.Now()
+		_, err := Read(q)
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "keyslot 0") {
+			t.Errorf("%s: Read = %v, want the keyslot refused", tc.name, err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s: refusing took %v", tc.name, d)
+		}
+	}
+}
+
+func TestCalibrate(t *testing.T) {
+	t.Parallel()
+	short, err := Calibrate(20*time.Millisecond, 8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := Calibrate(400*time.Millisecond, 8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if short.MemoryKiB != 8192 || short.Threads != 1 || short.Time < 1 || short.Validate() != nil {
+		t.Errorf("Calibrate(20ms, 8 MiB, 1) = %+v", short)
+	}
+	// Twenty times the target must buy more passes (the ratio is noisy on a shared machine,
+	// so only its direction is checked).
+	if long.Time <= short.Time {
+		t.Errorf("passes for 400ms (%d) not above passes for 20ms (%d)", long.Time, short.Time)
+	}
+	t.Logf("8 MiB, 1 thread: %d passes for 20ms, %d for 400ms", short.Time, long.Time)
+
+	def, err := Calibrate(10*time.Millisecond, 8, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := min(4, runtime.NumCPU()); int(def.Threads) != want {
+		t.Errorf("default threads %d, want %d", def.Threads, want)
+	}
+	if _, err := Calibrate(time.Millisecond, 8, 256); !errors.Is(err, ErrKDFParams) {
+		t.Errorf("256 threads: %v", err)
+	}
+	if _, err := Calibrate(time.Millisecond, 5000, 1); !errors.Is(err, ErrKDFParams) {
+		t.Errorf("5000 MiB: %v", err)
+	}
+}
+
+func TestDefaultMemory(t *testing.T) {
+	t.Parallel()
+	const gib = 1 << 30
+	for _, tc := range []struct {
+		avail uint64
+		want  int
+	}{
+		{0, 512},        // unknown: the default
+		{64 * gib, 512}, // plenty: the default
+		{2 * gib, 512},  // a quarter is exactly the default
+		{1 * gib, 256},  // a quarter of RAM
+		{256 << 20, 64}, // small machine: the fraction wins over the 256 MiB floor
+		{1 << 20, 8},    // absurdly small: never below 8 MiB
+	} {
+		if got := defaultMemory(tc.avail); got != tc.want {
+			t.Errorf("defaultMemory(%d MiB) = %d, want %d", tc.avail>>20, got, tc.want)
+		}
+	}
+	if availableMemory() == 0 {
+		t.Error("availableMemory found neither sysinfo nor a cgroup limit")
+	}
+}
+
+// A realistic small slot (8 MiB, as the brief's tests use) round-trips too.
+func TestEightMiBSlot(t *testing.T) {
+	t.Parallel()
+	p := newMem(testSize)
+	mk, err := Create(p, testLayout(), pass("eight"), KDFParams{Time: 1, MemoryKiB: 8192, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mk.Wipe()
+	mustUnlock(t, p, pass("eight"), 0, mk)
+}
