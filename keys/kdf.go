@@ -31,6 +31,7 @@ const (
 const (
 	DefaultKDFTarget = time.Second
 	defaultMemoryMiB = 512 // inside the [256 MiB, 1 GiB] band the issue asks for
+	minScaledMiB     = 256 // Calibrate trades memory for time down to this, no further
 )
 
 const kekSize = 32
@@ -66,17 +67,24 @@ func (p KDFParams) kek(ikm *Secret, salt []byte) *Secret {
 // Calibrate returns Argon2id parameters whose derivation takes about target on this
 // machine, by timing one pass at the chosen memory and threads. Zero arguments take the
 // defaults: target DefaultKDFTarget; memory 512 MiB, but at most a quarter of the memory
-// this machine or cgroup has (never below 8 MiB); threads min(4, NumCPU). An explicit
-// memoryMiB is used as given (within the bounds of KDFParams.Validate).
+// this machine or cgroup has (never below 8 MiB); threads min(4, NumCPU). When one pass
+// at the default memory takes well over the target (a slow machine), the memory is scaled
+// down towards the target, but not below 256 MiB. An explicit memoryMiB is used as given
+// (within the bounds of KDFParams.Validate). Calibrating costs one or two derivations.
 func Calibrate(target time.Duration, memoryMiB, threads int) (KDFParams, error) {
+	return calibrate(target, memoryMiB, threads, availableMemory(), onePass)
+}
+
+func calibrate(target time.Duration, memoryMiB, threads int, avail uint64, measure func(KDFParams) (time.Duration, error)) (KDFParams, error) {
 	if target <= 0 {
 		target = DefaultKDFTarget
 	}
 	if threads <= 0 {
 		threads = min(4, runtime.NumCPU())
 	}
-	if memoryMiB <= 0 {
-		memoryMiB = defaultMemory(availableMemory())
+	scalable := memoryMiB <= 0
+	if scalable {
+		memoryMiB = defaultMemory(avail)
 	}
 	if threads > 255 || memoryMiB > MaxKDFMemoryKiB/1024 {
 		return KDFParams{}, newError(ErrKDFParams, "KDF parameters out of range: %d MiB, %d threads", memoryMiB, threads)
@@ -85,18 +93,34 @@ func Calibrate(target time.Duration, memoryMiB, threads int) (KDFParams, error) 
 	if err := p.Validate(); err != nil {
 		return KDFParams{}, err
 	}
-	salt := make([]byte, 32)
-	if _, err := rand.Read(salt); err != nil {
-		return KDFParams{}, fmt.Errorf("calibrate KDF: %w", err)
+	one, err := measure(p)
+	if err != nil {
+		return KDFParams{}, err
 	}
-	// One pass includes allocating and touching the memory, which a real derivation pays
-	// too, so target/one-pass slightly undershoots rather than overshoots the target.
-	start := time.Now()
-	argon2.IDKey([]byte("eli calibration"), salt, 1, p.MemoryKiB, p.Threads, kekSize)
-	one := max(time.Since(start), time.Microsecond)
+	if floor := min(memoryMiB, minScaledMiB); scalable && one > target*3/2 && memoryMiB > floor {
+		// Argon2's time is about linear in memory.
+		mib := max(int(int64(memoryMiB)*int64(target)/int64(one)), floor)
+		p.MemoryKiB = uint32(mib) * 1024
+		if one, err = measure(p); err != nil {
+			return KDFParams{}, err
+		}
+	}
 	passes := (target + one/2) / one
 	p.Time = uint32(min(max(passes, 1), MaxKDFTime))
 	return p, nil
+}
+
+// onePass times one Argon2id pass with p's memory and threads. It includes allocating and
+// touching the memory, which a real derivation pays too (each runs in a fresh allocation),
+// so target/one-pass slightly undershoots rather than overshoots the target.
+func onePass(p KDFParams) (time.Duration, error) {
+	salt := make([]byte, 32)
+	if _, err := rand.Read(salt); err != nil {
+		return 0, fmt.Errorf("calibrate KDF: %w", err)
+	}
+	start := time.Now()
+	argon2.IDKey([]byte("eli calibration"), salt, 1, p.MemoryKiB, p.Threads, kekSize)
+	return max(time.Since(start), time.Microsecond), nil
 }
 
 // defaultMemory picks the default Argon2 memory in MiB for a machine where avail bytes

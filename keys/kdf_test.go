@@ -98,6 +98,41 @@ func TestCalibrate(t *testing.T) {
 	}
 }
 
+// calibrate's arithmetic, against a machine model where a pass costs perMiB per MiB.
+func TestCalibrateModel(t *testing.T) {
+	t.Parallel()
+	const gib = 1 << 30
+	for _, tc := range []struct {
+		name       string
+		perMiB     time.Duration
+		target     time.Duration
+		mib        int
+		avail      uint64
+		wantMiB    uint32
+		wantPasses uint32
+	}{
+		{"fast machine", time.Millisecond / 2, time.Second, 0, 64 * gib, 512, 4},       // 256ms a pass
+		{"just right", 2 * time.Millisecond, time.Second, 0, 64 * gib, 512, 1},         // 1.024s
+		{"slow: scale memory", 3 * time.Millisecond, time.Second, 0, 64 * gib, 333, 1}, // 1.536s > 1.5s
+		{"very slow: floor", 10 * time.Millisecond, time.Second, 0, 64 * gib, 256, 1},
+		{"explicit memory never scaled", 10 * time.Millisecond, time.Second, 1024, 64 * gib, 1024, 1},
+		{"small machine", 10 * time.Millisecond, time.Second, 0, gib / 2, 128, 1},
+		{"pass cap", time.Microsecond, time.Hour, 8, 64 * gib, 8, MaxKDFTime},
+	} {
+		calls := 0
+		p, err := calibrate(tc.target, tc.mib, 2, tc.avail, func(p KDFParams) (time.Duration, error) {
+			calls++
+			return time.Duration(p.MemoryKiB/1024) * tc.perMiB, nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if p.MemoryKiB != tc.wantMiB*1024 || p.Time != tc.wantPasses || p.Threads != 2 || calls > 2 {
+			t.Errorf("%s: %v after %d measurements, want %d MiB, %d passes", tc.name, p, calls, tc.wantMiB, tc.wantPasses)
+		}
+	}
+}
+
 func TestDefaultMemory(t *testing.T) {
 	t.Parallel()
 	const gib = 1 << 30
