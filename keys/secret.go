@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,6 +51,8 @@ func (r region) release() {
 var (
 	lockErrOnce sync.Once
 	lockErr     error
+	// liveMappings counts Secrets mapped and not yet wiped, so tests can see leaks.
+	liveMappings atomic.Int64
 )
 
 // recordLockFailure keeps the first reason key material could not be locked in memory;
@@ -90,6 +93,7 @@ func NewSecret(n int) *Secret {
 	}
 	s.region = r
 	s.b = mem[:n:n]
+	liveMappings.Add(1)
 	return &Secret{s}
 }
 
@@ -125,6 +129,9 @@ func (s *Secret) Wipe() {
 
 func (s *secret) wipe() {
 	clear(s.b)
+	if s.region.mem != nil {
+		liveMappings.Add(-1)
+	}
 	s.region.release()
 	s.region = region{}
 	s.b = nil

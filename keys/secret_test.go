@@ -80,6 +80,32 @@ func TestSecretLifecycle(t *testing.T) {
 	}
 }
 
+// Key operations wipe every intermediate secret (ikm, KEKs, derived keys, failed unwraps).
+// Not parallel: it counts the package's live mappings while no other test runs.
+func TestNoSecretLeftBehind(t *testing.T) {
+	p, mk := newVolume(t)
+	kf := Credentials{Passphrase: []byte("p"), Keyfiles: [][]byte{[]byte("k")}}
+	before := liveMappings.Load()
+	if _, err := SetKey(p, mk, AnySlot, kf, tiny); err != nil {
+		t.Fatal(err)
+	}
+	h := mustRead(t, p)
+	for _, c := range []Credentials{pass("pw0"), pass("wrong"), kf, {Keyfiles: [][]byte{[]byte("k")}}} {
+		if k, _, err := h.Unlock(c, AnySlot); err == nil {
+			k.Wipe()
+		}
+	}
+	if err := Resize(p, mk, 501); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []*Secret{mk.DataKey(sector.ModeAESXTS256), mk.JournalKey()} {
+		k.Wipe()
+	}
+	if after := liveMappings.Load(); after != before {
+		t.Errorf("%d secrets left mapped after setkey, unlocks, resize and derivations", after-before)
+	}
+}
+
 // Wipe zeroes the memory before it releases it.
 func TestRegionZeroes(t *testing.T) {
 	t.Parallel()
