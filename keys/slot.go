@@ -35,7 +35,7 @@ type SlotInfo struct {
 	Active bool
 	Uses   Uses
 	KDF    KDFParams
-	Salt   [saltSize]byte
+	Salt   [32]byte // random per slot and per setkey
 }
 
 func slotBytes(raw *[HeaderSize]byte, i int) []byte {
