@@ -148,3 +148,20 @@ func availableMemory() uint64 {
 	}
 	return total
 }
+
+// Fixed returns parameters with the given passes and no calibration; zero memoryMiB and
+// threads take Calibrate's defaults (512 MiB within the machine's means, min(4, NumCPU)).
+// It is what `--kdf-time N` asks for.
+func Fixed(passes, memoryMiB, threads int) (KDFParams, error) {
+	if threads <= 0 {
+		threads = min(4, runtime.NumCPU())
+	}
+	if memoryMiB <= 0 {
+		memoryMiB = defaultMemory(availableMemory())
+	}
+	if passes < 1 || passes > MaxKDFTime || threads > 255 || memoryMiB > MaxKDFMemoryKiB/1024 {
+		return KDFParams{}, newError(ErrKDFParams, "KDF parameters out of range: %d passes, %d MiB, %d threads", passes, memoryMiB, threads)
+	}
+	p := KDFParams{Time: uint32(passes), MemoryKiB: uint32(memoryMiB) * 1024, Threads: uint8(threads)}
+	return p, p.Validate()
+}

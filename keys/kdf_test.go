@@ -167,3 +167,19 @@ func TestEightMiBSlot(t *testing.T) {
 	defer mk.Wipe()
 	mustUnlock(t, p, pass("eight"), 0, mk)
 }
+
+func TestFixed(t *testing.T) {
+	p, err := Fixed(3, 16, 2)
+	if err != nil || p != (KDFParams{Time: 3, MemoryKiB: 16 << 10, Threads: 2}) {
+		t.Fatalf("Fixed(3, 16, 2) = %v, %v", p, err)
+	}
+	d, err := Fixed(1, 0, 0)
+	if err != nil || d.MemoryKiB < 8<<10 || d.Threads < 1 {
+		t.Fatalf("Fixed defaults = %v, %v", d, err)
+	}
+	for _, bad := range [][3]int{{0, 16, 1}, {1001, 16, 1}, {1, 16, 256}, {1, 5 << 10, 1}} {
+		if _, err := Fixed(bad[0], bad[1], bad[2]); !errors.Is(err, ErrKDFParams) {
+			t.Errorf("Fixed%v: %v, want ErrKDFParams", bad, err)
+		}
+	}
+}

@@ -59,6 +59,19 @@ func Open(path string, readOnly bool) (*File, error) {
 	return p, nil
 }
 
+// FromFile wraps an already open file (e.g. a descriptor inherited from the process that
+// opened and locked it); path is only for messages.
+func FromFile(f *os.File, path string) (*File, error) {
+	p := &File{f: f, path: path}
+	if err := p.refreshSize(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// File returns the underlying file, e.g. to pass it to a child process.
+func (p *File) File() *os.File { return p.f }
+
 func (p *File) refreshSize() error {
 	st, err := p.f.Stat()
 	if err != nil {

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/elidisk/eli/nbdkernel"
+	"github.com/spf13/cobra"
+)
+
+func newDetachCmd(g *globalOptions) *cobra.Command {
+	var force bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "detach NAME|PROVIDER",
+		Short: "Flush, close and forget the keys of an attached volume",
+		Long: `Detach stops the server of an attached volume: it finishes the requests in flight,
+commits and flushes every write, closes the provider and wipes the keys from memory.
+A kernel NBD device connected with 'attach --device' is disconnected first.
+
+--force kills a server that no longer answers (SIGKILL): writes it had acknowledged
+but not yet flushed may be lost, exactly as after a power cut; what was flushed is
+safe, and the next attach repairs the last commit.`,
+		Example: "  eli detach disk.img\n  eli detach /srv/disk.img\n  eli detach --force disk.img",
+		Args:    exactArgs("NAME|PROVIDER"),
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+			return attachedNames(g), cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sd, err := resolveStateDir(g)
+			if err != nil {
+				return err
+			}
+			rec, err := sd.find(args[0])
+			if err != nil {
+				return err
+			}
+			return detach(sd, rec, force, timeout)
+		},
+	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "kill a server that does not exit (unflushed writes may be lost)")
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "how long to wait for the server to finish")
+	return cmd
+}
+
+func attachedNames(g *globalOptions) []string {
+	sd, err := resolveStateDir(g)
+	if err != nil {
+		return nil
+	}
+	recs, _ := sd.live()
+	var names []string
+	for _, r := range recs {
+		names = append(names, r.Name)
+	}
+	return names
+}
+
+func detach(sd stateDir, rec *record, force bool, timeout time.Duration) error {
+	if rec.Device != "" {
+		if err := nbdkernel.Disconnect(rec.DeviceIdx); err != nil && !force {
+			return fmt.Errorf("disconnect %s: %w (unmount it first; --force to detach anyway)", rec.Device, err)
+		}
+	}
+	proc, err := os.FindProcess(rec.Pid)
+	if err != nil {
+		return err
+	}
+	// The lock says the server is alive; its pid is in the record it wrote itself.
+	if err := proc.Signal(syscall.SIGTERM); err != nil && sd.alive(rec.Name) {
+		return fmt.Errorf("signal server (pid %d): %w", rec.Pid, err)
+	}
+	if waitGone(sd, rec.Name, timeout) {
+		return nil
+	}
+	if !force {
+		return fmt.Errorf("server for %s (pid %d) did not exit within %v; 'eli detach --force %s' kills it", rec.Name, rec.Pid, timeout, rec.Name)
+	}
+	proc.Signal(syscall.SIGKILL)
+	if !waitGone(sd, rec.Name, 10*time.Second) {
+		return fmt.Errorf("server for %s (pid %d) survived SIGKILL", rec.Name, rec.Pid)
+	}
+	if l, err := sd.lockName(rec.Name); err == nil {
+		sd.cleanup(rec.Name, rec)
+		l.release()
+	}
+	return nil
+}
+
+func waitGone(sd stateDir, name string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for sd.alive(name) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}

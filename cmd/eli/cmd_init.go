@@ -1,0 +1,238 @@
+package main
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+
+	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/sector"
+	"github.com/spf13/cobra"
+)
+
+type initOptions struct {
+	cipher     string
+	keyLength  int
+	sectorSize int
+	size       string
+	journal    string
+	backup     string
+	unsafe     bool
+	force      bool
+	creds      credFlags
+	kdf        kdfFlags
+}
+
+func newInitCmd(g *globalOptions) *cobra.Command {
+	o := &initOptions{}
+	cmd := &cobra.Command{
+		Use:   "init PROVIDER",
+		Short: "Create an encrypted volume on a file or block device",
+		Long: `Init writes a new eli header (two copies: at the start and at the end of the
+provider) with a random master key wrapped in keyslot 0 under the passphrase and/or
+keyfiles, and prepares the metadata area. It is instant on any size: sectors that
+were never written read as zeroes.
+
+Everything the provider held before is lost. A provider that already holds an eli
+volume is refused unless --force is given.
+
+Modes (--cipher):
+  xchacha20-poly1305  default: a fresh random nonce on every write, every sector
+                      authenticated; tampering is an I/O error
+  aes-xts             AES-256-XTS (--key-length 128 for AES-128-XTS), as geli and
+                      dm-crypt; length-preserving, no integrity
+  none                no encryption, for measuring overhead
+  chacha20-xts chacha12-xts chacha8-xts xchacha20-xts xchacha12-xts xchacha8-xts
+                      UNSAFE, for benchmark parity only: the keystream is fixed per
+                      sector, so two versions of a sector reveal both; needs --unsafe`,
+		Example: `  eli init --size 1G disk.img
+  eli init --passphrase-file pass.txt --backup disk.eli-backup /dev/sdb
+  eli init --no-passphrase --keyfile key.bin --sector-size 512 disk.img
+  eli init --cipher chacha20-xts --unsafe disk.img    # benchmark parity only`,
+		Args: exactArgs("PROVIDER"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runInit(cmd, o, args[0])
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&o.cipher, "cipher", "e", sector.Default.String(), "cipher mode (see above)")
+	f.IntVarP(&o.keyLength, "key-length", "l", 0, "AES key length in bits for aes-xts: 128 or 256 (default 256)")
+	f.IntVarP(&o.sectorSize, "sector-size", "s", 4096, "sector size in bytes: a power of two from 512 to 65536")
+	f.StringVar(&o.size, "size", "", "create the provider file, or grow it, to SIZE (e.g. 1G) before init")
+	f.StringVar(&o.journal, "journal-size", "", "journal size for authenticated modes (default 2M; bounds one commit)")
+	f.StringVarP(&o.backup, "backup", "B", "", "also write a header backup to FILE (see 'eli restore')")
+	f.BoolVar(&o.unsafe, "unsafe", false, "allow the UNSAFE *-xts ChaCha modes (benchmark parity only)")
+	f.BoolVarP(&o.force, "force", "f", false, "overwrite an existing eli volume")
+	addCredFlags(cmd, &o.creds, "J", "K", "P")
+	addKDFFlags(cmd, &o.kdf)
+	cmd.RegisterFlagCompletionFunc("cipher", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		var names []string
+		for _, m := range sector.Modes() {
+			names = append(names, m.String())
+		}
+		return names, cobra.ShellCompDirectiveNoFileComp
+	})
+	return cmd
+}
+
+// parseModeFlags resolves --cipher and --key-length.
+func parseModeFlags(cipher string, keyLength int, unsafe bool) (sector.Mode, error) {
+	mode, err := sector.ParseMode(cipher)
+	if err != nil {
+		return 0, usageError{err}
+	}
+	switch keyLength {
+	case 0:
+	case 128, 256:
+		if mode != sector.ModeAESXTS256 && mode != sector.ModeAESXTS128 {
+			return 0, usagef("--key-length applies to aes-xts only")
+		}
+		mode = sector.ModeAESXTS256
+		if keyLength == 128 {
+			mode = sector.ModeAESXTS128
+		}
+	default:
+		return 0, usagef("--key-length must be 128 or 256")
+	}
+	if mode.Unsafe() && !unsafe {
+		return 0, usagef("%s is UNSAFE: its keystream is fixed per sector, so anyone who sees two versions of a sector "+
+			"(or writes known data and reads the provider) can decrypt it; it exists for benchmark parity only. "+
+			"Pass --unsafe if that is really what you want, or use the default %s", mode, sector.Default)
+	}
+	return mode, nil
+}
+
+func runInit(cmd *cobra.Command, o *initOptions, path string) error {
+	mode, err := parseModeFlags(o.cipher, o.keyLength, o.unsafe)
+	if err != nil {
+		return err
+	}
+	if !sector.ValidSectorSize(o.sectorSize) {
+		return usagef("--sector-size %d: need a power of two from %d to %d", o.sectorSize, sector.MinSectorSize, sector.MaxSectorSize)
+	}
+	var journal int64
+	if o.journal != "" {
+		if journal, err = parseSize(o.journal); err != nil {
+			return usageError{err}
+		}
+	}
+	if err := o.kdf.validate(); err != nil {
+		return err
+	}
+	if o.backup != "" {
+		if _, err := os.Stat(o.backup); err == nil {
+			return fmt.Errorf("backup file %s exists: refusing to overwrite it", o.backup)
+		}
+	}
+	if o.size != "" {
+		size, err := parseSize(o.size)
+		if err != nil {
+			return usageError{err}
+		}
+		if err := createOrGrow(path, size); err != nil {
+			return err
+		}
+	}
+	p, err := openLocked(path, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s does not exist; give --size to create it", path)
+	}
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+
+	if h, err := keys.Read(p); err == nil || !errors.Is(err, keys.ErrNotELI) {
+		if !o.force {
+			what := "an eli header"
+			if err == nil {
+				what = fmt.Sprintf("eli volume %s (%s)", hex.EncodeToString(h.VolumeID[:]), h.Mode)
+			}
+			return fmt.Errorf("%s already holds %s: 'eli kill' it first, or pass --force to overwrite it", path, what)
+		}
+	}
+	layout, err := blockdev.PlanLayout(p.Size(), o.sectorSize, mode, journal)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	creds, err := o.creds.read(&stdinGuard{}, "Enter new passphrase", true)
+	if err != nil {
+		return err
+	}
+	defer creds.wipe()
+	kdf, err := o.kdf.params()
+	if err != nil {
+		return err
+	}
+
+	if err := blockdev.Format(p, layout); err != nil {
+		return fmt.Errorf("prepare %s: %w", path, err)
+	}
+	mk, err := keys.Create(p, keysLayout(mode, layout), creds.toKeys(), kdf)
+	if err != nil {
+		return fmt.Errorf("init %s: %w", path, err)
+	}
+	defer mk.Wipe()
+	h, err := keys.Read(p)
+	if err != nil {
+		return fmt.Errorf("read back the new header: %w", err)
+	}
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "initialized %s: %s, %d-byte sectors, %s usable, volume %s\n",
+		path, mode, o.sectorSize, formatSize(layout.Size()), hex.EncodeToString(h.VolumeID[:]))
+	fmt.Fprintf(out, "keyslot 0: %s, %v\n", creds.toKeys().Uses(), kdf)
+	if o.backup != "" {
+		if err := writeFileExcl(o.backup, h.Backup()); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "header backup written to %s (restore with: eli restore %s %s)\n", o.backup, o.backup, path)
+	}
+	if mode.Unsafe() {
+		warnf("%s is UNSAFE (keystream fixed per sector): use it for benchmarks only", mode)
+	}
+	return nil
+}
+
+// createOrGrow makes path a regular file of at least size bytes (sparse).
+func createOrGrow(path string, size int64) error {
+	st, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", path, err)
+		}
+		f.Close()
+	case err != nil:
+		return err
+	case !st.Mode().IsRegular():
+		return usagef("--size applies to regular files; %s is not one", path)
+	case st.Size() > size:
+		return fmt.Errorf("%s is already %d bytes, larger than --size %d: refusing to shrink it", path, st.Size(), size)
+	}
+	p, err := provider.Open(path, false)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return p.Extend(size)
+}
+
+// keysLayout is the header's view of a planned layout.
+func keysLayout(mode sector.Mode, l blockdev.Layout) keys.Layout {
+	return keys.Layout{Mode: mode, SectorSize: l.SectorSize, DataOffset: l.DataOffset, JournalLength: l.JournalLen, Sectors: l.Sectors}
+}
+
+// deviceLayout is blockdev's view of a header's layout.
+func deviceLayout(l keys.Layout) blockdev.Layout {
+	bl := blockdev.Layout{SectorSize: l.SectorSize, MetaSize: l.Mode.MetaSize(), DataOffset: l.DataOffset,
+		JournalLen: l.JournalLength, Sectors: l.Sectors}
+	if l.JournalLength > 0 {
+		bl.JournalOffset = l.JournalOffset()
+	}
+	return bl
+}

@@ -1,0 +1,282 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/elidisk/eli/keys"
+	"github.com/spf13/cobra"
+)
+
+func newDumpCmd(g *globalOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "dump PROVIDER|BACKUP",
+		Short: "Print the header's fields (never secrets)",
+		Long: `Dump prints every field of the eli header of a provider, or of a header backup
+file: layout, volume ID, keyslots and their KDF parameters. It never prints key
+material and needs no passphrase.`,
+		Example: "  eli dump disk.img\n  eli dump disk.eli-backup",
+		Args:    exactArgs("PROVIDER|BACKUP"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			h, err := headerOf(args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), h.Dump())
+			return nil
+		},
+	}
+}
+
+// headerOf reads the header of a provider, or decodes a backup file (exactly one header
+// long and starting with the magic).
+func headerOf(path string) (*keys.Header, error) {
+	if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() && st.Size() == keys.HeaderSize {
+		b, err := readBounded(path, keys.HeaderSize)
+		if err != nil {
+			return nil, err
+		}
+		if h, err := keys.Decode(b); err == nil || !errors.Is(err, keys.ErrNotELI) {
+			return h, err
+		}
+	}
+	p, err := openReadOnly(path)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	return readHeader(p)
+}
+
+type setkeyOptions struct {
+	slot     int
+	old, new credFlags
+	kdf      kdfFlags
+}
+
+func newSetkeyCmd(g *globalOptions) *cobra.Command {
+	o := &setkeyOptions{}
+	cmd := &cobra.Command{
+		Use:   "setkey PROVIDER",
+		Short: "Add a key, or change the key in a keyslot",
+		Long: `Setkey unlocks the volume with an existing passphrase and/or keyfiles, then wraps
+the master key under new ones: into the first free keyslot, or into --slot N
+(replacing what it held). The data is not re-encrypted: it stays under the same
+master key. The volume must not be attached while its header changes.`,
+		Example: `  eli setkey disk.img                         # prompts for the old and the new passphrase
+  eli setkey --slot 1 --passphrase-file old.txt --new-passphrase-file new.txt disk.img
+  eli setkey --new-keyfile key.bin --new-no-passphrase disk.img`,
+		Args: exactArgs("PROVIDER"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runSetkey(cmd, o, args[0])
+		},
+	}
+	f := cmd.Flags()
+	f.IntVarP(&o.slot, "slot", "n", keys.AnySlot, "keyslot to set (0-7; default: the first free one)")
+	addCredFlags(cmd, &o.old, "j", "k", "p")
+	f.StringVarP(&o.new.passphraseFile, "new-passphrase-file", "J", "", "read the new passphrase from FILE ('-' for standard input)")
+	f.StringArrayVarP(&o.new.keyfiles, "new-keyfile", "K", nil, "new keyfile (repeatable)")
+	f.BoolVarP(&o.new.noPassphrase, "new-no-passphrase", "P", false, "the new key uses keyfiles only")
+	addKDFFlags(cmd, &o.kdf)
+	return cmd
+}
+
+func runSetkey(cmd *cobra.Command, o *setkeyOptions, path string) error {
+	if o.slot != keys.AnySlot && (o.slot < 0 || o.slot >= keys.NumSlots) {
+		return usagef("--slot must be 0 to %d", keys.NumSlots-1)
+	}
+	if err := o.kdf.validate(); err != nil {
+		return err
+	}
+	p, err := openLocked(path, false)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	h, err := readHeader(p)
+	if err != nil {
+		return err
+	}
+	stdin := &stdinGuard{}
+	mk, used, err := unlock(h, o.old, keys.AnySlot, stdin)
+	if err != nil {
+		return err
+	}
+	defer mk.Wipe()
+	c, err := o.new.read(stdin, "Enter new passphrase", true)
+	if err != nil {
+		return err
+	}
+	defer c.wipe()
+	kdf, err := o.kdf.params()
+	if err != nil {
+		return err
+	}
+	n, err := keys.SetKey(p, mk, o.slot, c.toKeys(), kdf)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "keyslot %d set (%s, %v); unlocked with keyslot %d\n", n, c.toKeys().Uses(), kdf, used)
+	return nil
+}
+
+func newDelkeyCmd(g *globalOptions) *cobra.Command {
+	var slot int
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "delkey --slot N PROVIDER",
+		Short: "Destroy one keyslot",
+		Long: `Delkey zeroes keyslot N in both header copies. Like geli delkey it needs no
+passphrase. It refuses to delete the last active keyslot (which would make the data
+unreachable) unless --force is given.`,
+		Example: "  eli delkey --slot 1 disk.img",
+		Args:    exactArgs("PROVIDER"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if slot < 0 || slot >= keys.NumSlots {
+				return usagef("--slot N is required, 0 to %d", keys.NumSlots-1)
+			}
+			p, err := openLocked(args[0], false)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			if _, err := readHeader(p); err != nil {
+				return err
+			}
+			if err := keys.DelKey(p, slot, force); err != nil {
+				if errors.Is(err, keys.ErrLastSlot) {
+					return fmt.Errorf("%w: without it nothing can unlock %s; --force deletes it anyway", err, args[0])
+				}
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "keyslot %d deleted\n", slot)
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&slot, "slot", "n", -1, "keyslot to delete (0-7)")
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "delete even the last active keyslot")
+	return cmd
+}
+
+func newKillCmd(g *globalOptions) *cobra.Command {
+	var yes bool
+	cmd := &cobra.Command{
+		Use:   "kill PROVIDER",
+		Short: "Destroy every keyslot: the data is gone for good",
+		Long: `Kill overwrites every keyslot in both header copies. Without a header backup made
+before, nothing can decrypt the volume any more, whatever passphrase or keyfile is
+known. It asks for confirmation unless --yes is given.`,
+		Example: "  eli kill disk.img\n  eli kill --yes disk.img",
+		Args:    exactArgs("PROVIDER"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := openLocked(args[0], false)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			h, err := readHeader(p)
+			if err != nil {
+				return err
+			}
+			if !yes {
+				ok, err := confirm(fmt.Sprintf("Destroy every key of %s (%s, %s)? Its data will be unreadable for good. Type 'yes': ",
+					args[0], h.Mode, formatSize(int64(h.Sectors)*int64(h.SectorSize))))
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return errors.New("not confirmed; nothing changed")
+				}
+			}
+			if err := keys.Kill(p); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s killed: every keyslot destroyed\n", args[0])
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	return cmd
+}
+
+// confirm asks on the terminal; without one it refuses (scripts pass --yes).
+func confirm(question string) (bool, error) {
+	tty, _, err := openTerminal()
+	if err != nil {
+		return false, errors.New("no terminal to confirm on: pass --yes")
+	}
+	defer tty.Close()
+	fmt.Fprint(tty, question)
+	buf := make([]byte, 64)
+	n, _ := tty.Read(buf)
+	return strings.TrimSpace(string(buf[:n])) == "yes", nil
+}
+
+func newBackupCmd(g *globalOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "backup PROVIDER FILE",
+		Short: "Save the header to a file",
+		Long: `Backup writes the provider's current header (4096 bytes) to FILE, which must not
+exist. With it, 'eli restore' can bring back a volume whose header copies were both
+damaged, or undo 'eli kill'. The backup holds the wrapped keys: whoever has it and a
+passphrase that was valid when it was made can decrypt the volume, even after the
+passphrase was changed. Keep it as safe as the passphrase.`,
+		Example: "  eli backup disk.img disk.eli-backup",
+		Args:    exactArgs("PROVIDER", "FILE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := openReadOnly(args[0])
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			h, err := readHeader(p)
+			if err != nil {
+				return err
+			}
+			if err := writeFileExcl(args[1], h.Backup()); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "header of %s saved to %s\n", args[0], args[1])
+			return nil
+		},
+	}
+}
+
+func newRestoreCmd(g *globalOptions) *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "restore FILE PROVIDER",
+		Short: "Write a header backup back onto its provider",
+		Long: `Restore checks a header backup and writes it as both header copies of PROVIDER.
+It refuses a backup of another volume, or one made when the provider had another
+size, unless --force is given.`,
+		Example: "  eli restore disk.eli-backup disk.img",
+		Args:    exactArgs("FILE", "PROVIDER"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := readBounded(args[0], keys.HeaderSize)
+			if err != nil {
+				return err
+			}
+			if _, err := keys.Decode(b); err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			p, err := openLocked(args[1], false)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			if err := keys.Restore(p, b, force); err != nil {
+				if errors.Is(err, keys.ErrOtherVolume) || errors.Is(err, keys.ErrSizeMismatch) {
+					return fmt.Errorf("%w; --force restores it anyway", err)
+				}
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "header restored onto %s from %s\n", args[1], args[0])
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "restore a backup of another volume or size")
+	return cmd
+}

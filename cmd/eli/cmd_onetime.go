@@ -1,0 +1,83 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/sector"
+	"github.com/spf13/cobra"
+)
+
+func newOnetimeCmd(g *globalOptions) *cobra.Command {
+	o := &attachOptions{}
+	var cipher string
+	var keyLength, sectorSize int
+	var unsafe, force bool
+	cmd := &cobra.Command{
+		Use:   "onetime PROVIDER",
+		Short: "Attach with a random key and no header (scratch space, swap)",
+		Long: `Onetime attaches PROVIDER with a random master key that is never written anywhere:
+no header, no keyslots. When it is detached the key is gone and so is the data.
+Use it for scratch space and swap. Whatever PROVIDER held is lost; one that holds an
+eli volume is refused unless --force is given.`,
+		Example: "  eli onetime /dev/sdc\n  eli onetime --sector-size 4096 scratch.img",
+		Args:    exactArgs("PROVIDER"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			mode, err := parseModeFlags(cipher, keyLength, unsafe)
+			if err != nil {
+				return err
+			}
+			if !sector.ValidSectorSize(sectorSize) {
+				return usagef("--sector-size %d: need a power of two from %d to %d", sectorSize, sector.MinSectorSize, sector.MaxSectorSize)
+			}
+			sd, err := resolveStateDir(g)
+			if err != nil {
+				return err
+			}
+			cfg, err := o.serveSetup(sd, args[0])
+			if err != nil {
+				return err
+			}
+			lock, err := sd.lockName(cfg.Name)
+			if errors.Is(err, errNameTaken) {
+				return fmt.Errorf("the name %s is already attached (see 'eli list'); choose another with --name", cfg.Name)
+			}
+			if err != nil {
+				return err
+			}
+			defer lock.release()
+			sd.cleanup(cfg.Name, nil)
+			p, err := openLocked(args[0], false)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			if h, err := keys.Read(p); (err == nil || !errors.Is(err, keys.ErrNotELI)) && !force {
+				what := "an eli header"
+				if err == nil {
+					what = "an eli volume (" + h.Mode.String() + ")"
+				}
+				return fmt.Errorf("%s holds %s: onetime would destroy it; pass --force to do so", args[0], what)
+			}
+			mk, err := keys.GenerateMasterKey()
+			if err != nil {
+				return err
+			}
+			defer mk.Wipe()
+			cfg.Onetime, cfg.Mode, cfg.SectorSize, cfg.VolumeID = true, mode, sectorSize, mk.VolumeID()
+			if mode.Unsafe() {
+				warnf("%s is UNSAFE (keystream fixed per sector): use it for benchmarks only", mode)
+			}
+			return serveOrSpawn(cmd, sd, cfg, o.foreground, p, lock, mk)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&cipher, "cipher", "e", sector.Default.String(), "cipher mode (see 'eli init --help')")
+	f.IntVarP(&keyLength, "key-length", "l", 0, "AES key length in bits for aes-xts: 128 or 256")
+	f.IntVarP(&sectorSize, "sector-size", "s", 4096, "sector size in bytes")
+	f.BoolVar(&unsafe, "unsafe", false, "allow the UNSAFE *-xts ChaCha modes")
+	f.BoolVarP(&force, "force", "f", false, "destroy an eli volume on PROVIDER")
+	addServeFlags(cmd, o)
+	return cmd
+}

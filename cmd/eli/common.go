@@ -1,0 +1,189 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/provider"
+	"github.com/spf13/cobra"
+)
+
+// warnf prints a warning that does not stop the command.
+func warnf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "eli: warning: "+format+"\n", args...)
+}
+
+// openLocked opens a provider and takes its exclusive lock, so that no other eli process
+// (an attached server, another setkey) changes it under us.
+func openLocked(path string, readOnly bool) (*provider.File, error) {
+	p, err := provider.Open(path, readOnly)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Lock(); err != nil {
+		p.Close()
+		if errors.Is(err, provider.ErrInUse) {
+			return nil, fmt.Errorf("%s is in use: it is attached (see 'eli list') or another eli command is working on it", path)
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// readHeader reads the provider's header and warns about a damaged or stale copy.
+func readHeader(p *provider.File) (*keys.Header, error) {
+	h, err := keys.Read(p)
+	if err != nil {
+		if errors.Is(err, keys.ErrNotELI) {
+			return nil, fmt.Errorf("%s: %w", p.Path(), err)
+		}
+		if errors.Is(err, keys.ErrCorrupt) {
+			return nil, fmt.Errorf("%s: %w; if you have a backup: eli restore BACKUP %s", p.Path(), err, p.Path())
+		}
+		return nil, fmt.Errorf("%s: %w", p.Path(), err)
+	}
+	if h.Warning != nil {
+		warnf("%s: %v (using the %s copy; the next header update repairs the other)", p.Path(), h.Warning, h.Copy)
+	}
+	return h, nil
+}
+
+// toKeys converts what the user gave into keys.Credentials (sharing the byte slices; wipe
+// the credentials, not the conversion).
+func (c *credentials) toKeys() keys.Credentials {
+	return keys.Credentials{Passphrase: c.passphrase, Keyfiles: c.keyfiles}
+}
+
+// wantsPassphrase reports whether attach should ask for a passphrase: unless told, it
+// asks when some active slot uses one.
+func wantsPassphrase(h *keys.Header, cf credFlags) bool {
+	if cf.noPassphrase || cf.passphraseFile != "" {
+		return false
+	}
+	for _, s := range h.Slots {
+		if s.Active && s.Uses&keys.UsesPassphrase != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// unlock reads the credentials cf names and opens a keyslot of h.
+func unlock(h *keys.Header, cf credFlags, slot int, stdin *stdinGuard) (*keys.MasterKey, int, error) {
+	if h.ActiveSlots() == 0 {
+		return nil, 0, fmt.Errorf("%w: the volume was killed or its last key deleted; restore a header backup to use it again", keys.ErrNoKeys)
+	}
+	if !cf.noPassphrase && cf.passphraseFile == "" && !wantsPassphrase(h, cf) {
+		cf.noPassphrase = true // every slot is keyfile-only: do not prompt
+	}
+	c, err := cf.read(stdin, "Enter passphrase", false)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer c.wipe()
+	mk, n, err := h.Unlock(c.toKeys(), slot)
+	if err != nil {
+		return nil, 0, err
+	}
+	return mk, n, nil
+}
+
+func addCredFlags(cmd *cobra.Command, cf *credFlags, passShort, keyShort, noPassShort string) {
+	cmd.Flags().StringVarP(&cf.passphraseFile, "passphrase-file", passShort, "",
+		"read the passphrase from the first line of FILE ('-' for standard input) instead of prompting")
+	cmd.Flags().StringArrayVarP(&cf.keyfiles, "keyfile", keyShort, nil,
+		"use FILE's contents as a key, with or instead of the passphrase (repeatable; '-' for standard input)")
+	cmd.Flags().BoolVarP(&cf.noPassphrase, "no-passphrase", noPassShort, false, "use keyfiles only, no passphrase")
+}
+
+// kdfFlags are the Argon2id parameters a command that creates a keyslot takes.
+type kdfFlags struct {
+	memoryMiB int
+	time      int
+	threads   int
+}
+
+func addKDFFlags(cmd *cobra.Command, k *kdfFlags) {
+	cmd.Flags().IntVar(&k.memoryMiB, "kdf-memory", 0, "Argon2id memory in MiB (default: 512, at most a quarter of RAM)")
+	cmd.Flags().IntVar(&k.time, "kdf-time", 0, "Argon2id passes (default: calibrated to about one second on this machine)")
+	cmd.Flags().IntVar(&k.threads, "kdf-threads", 0, "Argon2id threads (default: up to 4)")
+}
+
+// params turns the flags into KDF parameters: explicit passes are used as given,
+// otherwise the passes are calibrated on this machine for about a second.
+func (k kdfFlags) params() (keys.KDFParams, error) {
+	if err := k.validate(); err != nil {
+		return keys.KDFParams{}, err
+	}
+	if k.time == 0 {
+		p, err := keys.Calibrate(keys.DefaultKDFTarget, k.memoryMiB, k.threads)
+		if err != nil {
+			return keys.KDFParams{}, fmt.Errorf("calibrate Argon2id: %w", err)
+		}
+		return p, nil
+	}
+	p, err := keys.Fixed(k.time, k.memoryMiB, k.threads)
+	if err != nil {
+		return keys.KDFParams{}, usageError{err}
+	}
+	return p, nil
+}
+
+// validate checks the flags before anything slow or interactive happens.
+func (k kdfFlags) validate() error {
+	if k.memoryMiB < 0 || k.time < 0 || k.threads < 0 {
+		return usagef("KDF parameters must be positive")
+	}
+	mem := k.memoryMiB
+	if mem == 0 {
+		mem = 256 // any value the default could be; only the given flags are checked
+	}
+	if _, err := keys.Fixed(max(k.time, 1), mem, k.threads); err != nil {
+		return usageError{err}
+	}
+	return nil
+}
+
+// writeFileExcl writes data to a new file of mode 0600; it refuses to overwrite.
+func writeFileExcl(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(path)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// readBounded reads at most limit bytes of a file, failing if it is longer.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return b, nil
+}
+
+// openReadOnly opens a provider for reading without locking it: dump and backup work on
+// an attached volume too.
+func openReadOnly(path string) (*provider.File, error) {
+	return provider.Open(path, true)
+}
