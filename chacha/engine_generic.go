@@ -1,0 +1,15 @@
+//go:build !amd64 || purego
+
+package chacha
+
+var defaultEngine = engineGeneric
+
+func engines() []engine { return []engine{engineGeneric} }
+
+func xorKeyStream(_ engine, st *[16]uint32, rounds int, ctr64 bool, dst, src []byte) {
+	xorGeneric(st, rounds, ctr64, dst, src)
+}
+
+func hchachaEngine(_ engine, st *[16]uint32, rounds int) [8]uint32 {
+	return hchachaGeneric(st, rounds)
+}
