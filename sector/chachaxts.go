@@ -1,8 +1,96 @@
 package sector
 
-import "errors"
+import (
+	"encoding/binary"
 
-// TODO(issue 5): the unsafe ChaCha "XTS" modes.
+	"github.com/elidisk/eli/chacha"
+)
+
+// chachaXTS implements the UNSAFE modes chacha20-xts, chacha12-xts, chacha8-xts,
+// xchacha20-xts, xchacha12-xts and xchacha8-xts. They exist only so that eli can be
+// measured against the FreeBSD GEOM ELI ChaCha patch (freebsd-geom list, January 2015,
+// "ChaCha8/12/20 and GEOM ELI tests"), which ran these ciphers under geli's XTS plumbing
+// and was benchmarked against AES-XTS. That patch's source was not found, so the
+// derivation below is eli's own, the simplest one that gives every sector its own
+// keystream (docs/format.md, "Length-preserving transforms"):
+//
+//	chachaN-xts:  ChaCha-N, RFC 8439 layout, key = data key,
+//	              nonce = LE64(sector index) ‖ 00 00 00 00, block counter 0
+//	xchachaN-xts: XChaCha-N (HChaCha-N subkey), key = data key,
+//	              nonce = LE64(sector index) ‖ 16 zero bytes, block counter 0
+//
+// and the sector is XORed with the keystream.
+//
+// Why this is unsafe: the keystream depends only on the key and the sector index, so
+// every version of a sector is encrypted with the same keystream KS. Anyone who sees
+// two versions of one sector (two snapshots, a backup and the disk, a disk image before
+// and after) learns P1 ⊕ P2 = C1 ⊕ C2; anyone who also knows or guesses one plaintext,
+// or can get chosen data written and read the ciphertext, recovers KS = C ⊕ P and with
+// it every past and future version of that sector. There is no integrity either:
+// flipping a ciphertext bit flips the same plaintext bit. "XTS" does not help: a tweak
+// T whitening a stream cipher's input and output cancels out, (P ⊕ T) ⊕ KS ⊕ T = P ⊕ KS,
+// leaving the fixed per-sector keystream. AES-XTS is not broken by the same two
+// versions because a block cipher is a keyed permutation, not a XOR: they show which
+// 16-byte blocks changed, not what they contain. Use xchacha20-poly1305 (the default),
+// which draws a fresh nonce for every write, or aes-xts.
+type chachaXTS struct {
+	mode   Mode
+	size   int
+	rounds int
+	x      bool // XChaCha
+	wiped  bool
+	key    [chacha.KeySize]byte
+}
+
 func newChaChaXTS(p Params) (Codec, error) {
-	return nil, errors.New("sector: chacha xts not built yet")
+	c := &chachaXTS{mode: p.Mode, size: p.SectorSize}
+	switch p.Mode {
+	case ModeChaCha20XTS, ModeXChaCha20XTS:
+		c.rounds = 20
+	case ModeChaCha12XTS, ModeXChaCha12XTS:
+		c.rounds = 12
+	case ModeChaCha8XTS, ModeXChaCha8XTS:
+		c.rounds = 8
+	}
+	c.x = p.Mode == ModeXChaCha20XTS || p.Mode == ModeXChaCha12XTS || p.Mode == ModeXChaCha8XTS
+	copy(c.key[:], p.Key) // New has checked the length
+	return c, nil
+}
+
+func (c *chachaXTS) Mode() Mode      { return c.mode }
+func (c *chachaXTS) SectorSize() int { return c.size }
+func (c *chachaXTS) MetaSize() int   { return 0 }
+
+func (c *chachaXTS) Seal(index uint64, buf, _ []byte) {
+	mustFit(c.mode, c.size, buf)
+	c.xor(index, buf)
+}
+
+func (c *chachaXTS) Open(index uint64, buf, _ []byte) error {
+	if err := checkSector(c.mode, c.size, buf); err != nil {
+		return err
+	}
+	c.xor(index, buf)
+	return nil
+}
+
+// xor applies the sector's keystream in place; sealing and opening are the same.
+func (c *chachaXTS) xor(index uint64, buf []byte) {
+	if c.wiped {
+		panic("sector: " + c.mode.String() + " codec used after Wipe")
+	}
+	if c.x {
+		var nonce [chacha.NonceSizeX]byte
+		binary.LittleEndian.PutUint64(nonce[:8], index)
+		chacha.XORKeyStreamXAt(c.rounds, &c.key, &nonce, 0, buf, buf)
+		return
+	}
+	var nonce [chacha.NonceSize]byte
+	binary.LittleEndian.PutUint64(nonce[:8], index)
+	chacha.XORKeyStreamAt(c.rounds, &c.key, &nonce, 0, buf, buf)
+}
+
+func (c *chachaXTS) Wipe() {
+	clear(c.key[:])
+	c.wiped = true
 }
