@@ -23,8 +23,8 @@ type aesXTS struct {
 
 func newAESXTS(p Params) (Codec, error) {
 	half := len(p.Key) / 2
-	// IEEE 1619-2007 §5.1 and FIPS 140 (as the Linux kernel's xts_verify_key) require
-	// distinct halves; with derived keys this only fails if the derivation is broken.
+	// FIPS 140-3 IG C.I (XTS-AES) requires distinct halves, as Linux's xts_verify_key
+	// enforces in FIPS mode; with derived keys this only fails if derivation is broken.
 	if subtle.ConstantTimeCompare(p.Key[:half], p.Key[half:]) == 1 {
 		return nil, fmt.Errorf("sector: %s key is unusable: its data and tweak halves are equal", p.Mode)
 	}
