@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,12 +145,12 @@ func BenchmarkDeviceVsRaw(b *testing.B) {
 			}
 			// The machine may be shared: device and raw run in alternating bursts, so a
 			// change of load hits both sides of the ratio alike.
-			var devTime, rawTime time.Duration
+			var devTime, rawTime, devCPU, rawCPU time.Duration
 			var devBytes, rawBytes int64
 			b.SetBytes(req)
 			b.ResetTimer()
 			for i := 0; i < b.N; {
-				start := time.Now()
+				start, cpu0 := time.Now(), cpuTime()
 				k := min(burst, b.N-i)
 				for range k {
 					off := int64(i) % n * req
@@ -170,9 +171,12 @@ func BenchmarkDeviceVsRaw(b *testing.B) {
 					}
 				}
 				devTime += time.Since(start)
+				devCPU += cpuTime() - cpu0
 				devBytes += int64(k) * req
 				b.StopTimer()
+				cpu0 = cpuTime()
 				t, bytes := rawXChaCha(int64(k)*req, !write)
+				rawCPU += cpuTime() - cpu0
 				rawTime += t
 				rawBytes += bytes
 				b.StartTimer()
@@ -182,8 +186,20 @@ func BenchmarkDeviceVsRaw(b *testing.B) {
 			raw := float64(rawBytes) / rawTime.Seconds() / 1e6
 			b.ReportMetric(raw, "raw-MB/s")
 			b.ReportMetric(dev/raw, "ratio")
+			// CPU seconds per byte, raw over device: the same ratio when every core is
+			// busy, and less disturbed by other load on a shared machine.
+			b.ReportMetric((rawCPU.Seconds()/float64(rawBytes))/(devCPU.Seconds()/float64(devBytes)), "cpu-ratio")
 		})
 	}
+}
+
+// cpuTime is the CPU time (user and system) the process used so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		panic(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkRandomWrite4K: 4 KiB writes at random sector-aligned offsets, a Flush after

@@ -35,6 +35,27 @@ func (d *Device) sealInSlab(buf []byte, first uint64, lo, hi, total int, recs []
 	}
 }
 
+// sealerTo is the optional codec extension that seals from one buffer into another
+// (sector's xchacha20-poly1305 has it): a write then needs no copy of the caller's data.
+type sealerTo interface {
+	SealTo(index uint64, dst, src, meta []byte)
+}
+
+// sealToSlab seals sectors [lo, hi) of plaintext p into slab buf. Each tag lands in the
+// next sector's room, which that sector's ciphertext overwrites next; the last sector of
+// a chunk instead gets no spare capacity (the codec then copies), as the next chunk's
+// first sector may be written concurrently.
+func (d *Device) sealToSlab(st sealerTo, buf, p []byte, first uint64, lo, hi, total int, recs []record) {
+	s := d.s
+	for k := lo; k < hi; k++ {
+		dst := buf[k*s : (k+1)*s : (k+1)*s+sector.Slack]
+		if k == hi-1 && k != total-1 {
+			dst = dst[:s:s]
+		}
+		st.SealTo(first+uint64(k), dst, p[k*s:(k+1)*s], recs[k][:])
+	}
+}
+
 // writeWhole writes n whole sectors (n ≤ pieceSectors) from p and returns the sequence
 // number of the batch that holds them.
 func (d *Device) writeWhole(p []byte, first uint64, n int) (uint64, error) {
@@ -44,13 +65,20 @@ func (d *Device) writeWhole(p []byte, first uint64, n int) (uint64, error) {
 		d.slabs.release(sl)
 		return 0, err
 	}
-	copy(sl.buf, p)
 	rp := d.getRecs(n)
 	recs := *rp
-	d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-		d.sealInSlab(sl.buf, first, lo, hi, n, recs)
-		return nil
-	})
+	if st, ok := d.codec.(sealerTo); ok {
+		d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+			d.sealToSlab(st, sl.buf, p, first, lo, hi, n, recs)
+			return nil
+		})
+	} else {
+		copy(sl.buf, p)
+		d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+			d.sealInSlab(sl.buf, first, lo, hi, n, recs)
+			return nil
+		})
+	}
 	d.locks.lock(first, uint64(n))
 	seq := d.insert(first, n, sl, recs, cost)
 	d.locks.unlock(first, uint64(n))

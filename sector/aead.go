@@ -114,6 +114,28 @@ func (c *aeadCodec) Seal(index uint64, buf, meta []byte) {
 	c.scratch.Put(s)
 }
 
+// SealTo is Seal from src into dst (both SectorSize bytes, not overlapping), which spares
+// a caller that must keep its plaintext the copy it would otherwise make first. It is an
+// optional extension of Codec: blockdev/ looks for it with a type assertion. The tag is
+// written in dst's spare capacity when it has Slack, as with Seal.
+func (c *aeadCodec) SealTo(index uint64, dst, src, meta []byte) {
+	c.checkLens(dst, meta)
+	c.checkLens(src, meta)
+	nonce := meta[:aeadNonceSize]
+	rand.Read(nonce)
+	s := c.getScratch(index)
+	if cap(dst)-len(dst) >= aeadTagSize {
+		out := c.aead.Seal(dst[:0], nonce, src, s.ad[:])
+		copy(meta[aeadNonceSize:], out[c.size:])
+	} else {
+		tmp := s.fallback(c.size)
+		out := c.aead.Seal(tmp[:0], nonce, src, s.ad[:])
+		copy(dst, out[:c.size])
+		copy(meta[aeadNonceSize:], out[c.size:])
+	}
+	c.scratch.Put(s)
+}
+
 func (c *aeadCodec) Open(index uint64, buf, meta []byte) error {
 	c.checkLens(buf, meta)
 	s := c.getScratch(index)
