@@ -240,8 +240,35 @@ func TestGoldenVolumesRead(t *testing.T) {
 			if err := d.ReadAt(got, 0); err != nil {
 				t.Fatal(err)
 			}
-			if want := g.want(before, after); !bytes.Equal(got, want) {
+			want := g.want(before, after)
+			if !bytes.Equal(got, want) {
 				t.Fatal("plaintext differs from the golden workload's")
+			}
+
+			// Read-only: the same plaintext, recovered in memory, and not one byte written.
+			img = readGolden(t, name)
+			orig := bytes.Clone(img)
+			ro, err := Open(&memProvider{data: img}, Config{Layout: l, Codec: codec, JournalKey: goldenJournalKey, ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantRec := g.rec
+			wantRec.InMemory = g.rec.Journal == "replayed"
+			if got := ro.Recovery(); got != wantRec {
+				t.Errorf("read-only recovery %+v, want %+v", got, wantRec)
+			}
+			clear(got)
+			if err := ro.ReadAt(got, 0); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatal("read-only plaintext differs")
+			}
+			if err := ro.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(img, orig) {
+				t.Fatal("a read-only attach wrote to the provider")
 			}
 		})
 	}
