@@ -118,7 +118,7 @@ func crashSeeds(t *testing.T, def int) []uint64 {
 			t.Fatal(err)
 		}
 		n = v
-	} else if testing.Short() {
+	} else if testing.Short() || raceEnabled {
 		n = max(1, def/4)
 	}
 	base := uint64(time.Now().UnixNano())
@@ -143,7 +143,7 @@ func TestCrashConsistency(t *testing.T) {
 		}
 	}
 	t.Logf("%d crash points checked", total)
-	if total < 1000 && !testing.Short() && os.Getenv("ELI_CRASH_SEED") == "" {
+	if total < 1000 && !testing.Short() && !raceEnabled && os.Getenv("ELI_CRASH_SEED") == "" {
 		t.Fatalf("only %d crash points: the workload is too small to show anything", total)
 	}
 }
@@ -326,7 +326,11 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 	}
 
 	events := rec.numEvents()
-	for c := 0; c <= events; c++ {
+	step := 1
+	if raceEnabled {
+		step = 5
+	}
+	for c := 0; c <= events; c += step {
 		img, _ := rec.crashImage(c, v.unit, rng)
 		points++
 		if c%7 == 3 {
