@@ -18,6 +18,8 @@ import (
 // readBufSize lets one read syscall take in many small requests at once.
 const readBufSize = 64 << 10
 
+const socketBuffer = 4 << 20
+
 // conn is one client connection, from the greeting to the close.
 type conn struct {
 	s     *Server
@@ -70,6 +72,15 @@ func newConn(s *Server, nc net.Conn) *conn {
 		local: newLimiter(s.maxInFlightPerConn(), s.maxBytesPerConn()),
 	}
 	c.log = s.log.With("remote", remoteName(nc))
+	if uc, ok := nc.(*net.UnixConn); ok {
+		// The default unix socket buffers (about 200 KiB) hold less than one large
+		// read reply, so every such reply would block the writer part-way and cost a
+		// park and a wakeup; with a few MiB they mostly go out in one call. The kernel
+		// caps the size at net.core.[rw]mem_max. TCP is left to the kernel's
+		// autotuning, which a fixed size would switch off.
+		uc.SetWriteBuffer(socketBuffer)
+		uc.SetReadBuffer(socketBuffer)
+	}
 	c.out.w = nc
 	return c
 }
