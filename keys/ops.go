@@ -137,7 +137,7 @@ func DelKey(p provider.Provider, slot int, force bool) error {
 			}
 		}
 		if active == 1 && !force {
-			return newError(ErrLastSlot, "refusing to delete keyslot %d, the last active keyslot: nothing could unlock the volume afterwards (force it to destroy the keys for good)", slot)
+			return newError(ErrLastSlot, "refusing to delete keyslot %d, the last active keyslot: nothing could unlock the volume afterwards", slot)
 		}
 		clear(slotBytes(raw, slot))
 		return nil
@@ -216,11 +216,11 @@ func Restore(p provider.Provider, backup []byte, force bool) error {
 		}
 		seqs = append(seqs, c.h.Sequence)
 		if id := c.h.rawVolumeID(); !force && id != hb.rawVolumeID() {
-			return newError(ErrOtherVolume, "the backup belongs to volume %x, but header copy %s of the provider is of volume %x (force to overwrite it)", hb.rawVolumeID(), c.which, id)
+			return newError(ErrOtherVolume, "the backup belongs to volume %x, but header copy %s of the provider is of volume %x", hb.rawVolumeID(), c.which, id)
 		}
 	}
 	if !force && hb.ProviderSize != p.Size() {
-		return newError(ErrSizeMismatch, "the backup was written when the provider had %d bytes; it has %d now (force to restore it anyway)", hb.ProviderSize, p.Size())
+		return newError(ErrSizeMismatch, "the backup was written when the provider had %d bytes; it has %d now", hb.ProviderSize, p.Size())
 	}
 	seq, err := nextSequence(seqs...)
 	if err != nil {

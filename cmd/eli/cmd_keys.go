@@ -147,7 +147,7 @@ unreachable) unless --force is given.`,
 			}
 			if err := keys.DelKey(p, slot, force); err != nil {
 				if errors.Is(err, keys.ErrLastSlot) {
-					return fmt.Errorf("%w: without it nothing can unlock %s; --force deletes it anyway", err, args[0])
+					return fmt.Errorf("%w; --force deletes it anyway", err)
 				}
 				return err
 			}
@@ -269,7 +269,7 @@ size, unless --force is given.`,
 			defer p.Close()
 			if err := keys.Restore(p, b, force); err != nil {
 				if errors.Is(err, keys.ErrOtherVolume) || errors.Is(err, keys.ErrSizeMismatch) {
-					return fmt.Errorf("%w; --force restores it anyway", err)
+					return fmt.Errorf("%w; pass --force to restore it anyway", err)
 				}
 				return err
 			}

@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
-	"golang.org/x/term"
+	"golang.org/x/sys/unix"
 )
 
 // Bounds on what eli reads as credentials, so that `--keyfile /dev/zero` or a huge
@@ -171,27 +172,14 @@ func promptPassphrase(prompt string, confirm bool) ([]byte, error) {
 		return nil, errors.New("no terminal to ask for the passphrase: give --passphrase-file FILE (or - for standard input)")
 	}
 	defer tty.Close()
-	ask := func(p string) ([]byte, error) {
-		fmt.Fprint(tty, p)
-		b, err := term.ReadPassword(fd)
-		fmt.Fprintln(tty)
-		if err != nil {
-			return nil, fmt.Errorf("read passphrase: %w", err)
-		}
-		if len(b) > maxPassphrase {
-			clear(b)
-			return nil, fmt.Errorf("passphrase longer than %d bytes", maxPassphrase)
-		}
-		return b, nil
-	}
-	p1, err := ask(prompt + ": ")
+	p1, err := readNoEcho(tty, fd, prompt+": ")
 	if err != nil {
 		return nil, err
 	}
 	if !confirm {
 		return p1, nil
 	}
-	p2, err := ask("Reenter " + lowerFirst(prompt) + ": ")
+	p2, err := readNoEcho(tty, fd, "Reenter "+lowerFirst(strings.TrimPrefix(prompt, "Enter "))+": ")
 	if err != nil {
 		clear(p1)
 		return nil, err
@@ -202,6 +190,49 @@ func promptPassphrase(prompt string, confirm bool) ([]byte, error) {
 		return nil, errors.New("passphrases do not match")
 	}
 	return p1, nil
+}
+
+// readNoEcho turns echo off, then shows the prompt, then reads one line: in that order,
+// so that nothing typed in answer to the prompt is ever echoed.
+func readNoEcho(tty io.ReadWriter, fd int, prompt string) ([]byte, error) {
+	old, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	if err != nil {
+		return nil, fmt.Errorf("terminal: %w", err)
+	}
+	t := *old
+	t.Lflag &^= unix.ECHO
+	t.Lflag |= unix.ICANON | unix.ISIG
+	t.Iflag |= unix.ICRNL
+	if err := unix.IoctlSetTermios(fd, unix.TCSETS, &t); err != nil {
+		return nil, fmt.Errorf("terminal: %w", err)
+	}
+	defer func() {
+		unix.IoctlSetTermios(fd, unix.TCSETS, old)
+		fmt.Fprintln(tty)
+	}()
+	fmt.Fprint(tty, prompt)
+	line := make([]byte, 0, maxPassphrase) // never reallocated: no stray copies
+	var b [1]byte
+	for {
+		n, err := tty.Read(b[:])
+		if n == 1 {
+			if b[0] == '\n' {
+				return line, nil
+			}
+			if len(line) == maxPassphrase {
+				clear(line)
+				return nil, fmt.Errorf("passphrase longer than %d bytes", maxPassphrase)
+			}
+			line = append(line, b[0])
+		}
+		if err != nil {
+			clear(line)
+			if err == io.EOF {
+				return nil, errors.New("read passphrase: terminal closed")
+			}
+			return nil, fmt.Errorf("read passphrase: %w", err)
+		}
+	}
 }
 
 func lowerFirst(s string) string {

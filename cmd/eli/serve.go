@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -134,51 +135,37 @@ var uriEscaper = strings.NewReplacer("%", "%25", "&", "%26", "#", "%23", " ", "%
 
 // server is a running attachment: listeners, NBD servers, and the optional kernel device.
 type server struct {
-	cfg      *serveConfig
-	vol      *volume
-	log      *slog.Logger
-	servers  []*nbd.Server
-	errc     chan error
-	devIndex int
-	rec      *record
+	cfg       *serveConfig
+	vol       *volume
+	log       *slog.Logger
+	servers   []*nbd.Server
+	listeners []net.Listener // not yet handed to a server
+	errc      chan error
+	devIndex  int
+	rec       *record
 }
 
 // startServer opens the volume, listens, and connects the kernel device if asked. On
 // success the export is ready for clients.
 func startServer(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *slog.Logger) (*server, error) {
-	vol, err := openVolume(cfg, p, mk, log)
-	if err != nil {
-		return nil, err
-	}
-	s := &server{cfg: cfg, vol: vol, log: log, errc: make(chan error, 2), devIndex: -1}
+	s := &server{cfg: cfg, log: log, errc: make(chan error, 2), devIndex: -1}
 	ok := false
 	defer func() {
 		if !ok {
 			s.stop(context.Background())
 		}
 	}()
-	d := vol.dev
-	ss := uint32(d.SectorSize())
-	desc := fmt.Sprintf("eli volume %s (%s)", cfg.Name, vol.mode)
-	exports := []nbd.Export{
-		{Name: "", Description: desc, Backend: backend{d}, ReadOnly: cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
-		{Name: cfg.Name + ".eli", Description: desc, Backend: backend{d}, ReadOnly: cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
-	}
-
+	// Listen before the volume is opened: a socket or port that cannot be used must fail
+	// the attach before anything touches the provider.
 	ul, err := nbd.ListenUnix(cfg.Socket)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Socket, err)
 	}
-	us := &nbd.Server{Exports: exports, Logger: log}
-	s.servers = append(s.servers, us)
-	go func() { s.errc <- us.Serve(ul) }()
-
-	uri := unixURI(cfg.Socket)
+	s.listeners = append(s.listeners, ul)
+	var tlsConf *tls.Config
 	if cfg.Listen != "" {
-		ts := &nbd.Server{Exports: exports, Logger: log, AllowInsecureTCP: cfg.InsecureTCP}
 		if cfg.TLSCert != "" {
-			ts.TLSConfig, err = nbd.TLSConfigFromFiles(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA)
-			if err != nil {
+			if tlsConf, err = nbd.TLSConfigFromFiles(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA); err != nil {
 				return nil, err
 			}
 		}
@@ -186,10 +173,29 @@ func startServer(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *sl
 		if err != nil {
 			return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 		}
-		s.servers = append(s.servers, ts)
-		go func() { s.errc <- ts.Serve(tl) }()
-		log.Info("listening on TCP", "addr", tl.Addr().String(), "tls", ts.TLSConfig != nil)
+		s.listeners = append(s.listeners, tl)
 	}
+
+	if s.vol, err = openVolume(cfg, p, mk, log); err != nil {
+		return nil, err
+	}
+	d := s.vol.dev
+	ss := uint32(d.SectorSize())
+	desc := fmt.Sprintf("eli volume %s (%s)", cfg.Name, s.vol.mode)
+	exports := []nbd.Export{
+		{Name: "", Description: desc, Backend: backend{d}, ReadOnly: cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
+		{Name: cfg.Name + ".eli", Description: desc, Backend: backend{d}, ReadOnly: cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
+	}
+	for i, l := range s.listeners {
+		srv := &nbd.Server{Exports: exports, Logger: log}
+		if i > 0 { // TCP
+			srv.TLSConfig, srv.AllowInsecureTCP = tlsConf, cfg.InsecureTCP
+			log.Info("listening on TCP", "addr", l.Addr().String(), "tls", tlsConf != nil)
+		}
+		s.servers = append(s.servers, srv)
+		go func() { s.errc <- srv.Serve(l) }()
+	}
+	s.listeners = nil // the servers own them now
 
 	if cfg.Device != "" {
 		idx, err := connectKernel(cfg, d)
@@ -201,13 +207,13 @@ func startServer(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *sl
 
 	dev, ino, _ := fileID(cfg.Provider)
 	s.rec = &record{
-		Name: cfg.Name, Provider: cfg.Provider, Dev: dev, Ino: ino, Mode: vol.mode.String(),
-		SectorSize: d.SectorSize(), Size: d.Size(), Socket: cfg.Socket, Listen: cfg.Listen, URI: uri,
+		Name: cfg.Name, Provider: cfg.Provider, Dev: dev, Ino: ino, Mode: s.vol.mode.String(),
+		SectorSize: d.SectorSize(), Size: d.Size(), Socket: cfg.Socket, Listen: cfg.Listen, URI: unixURI(cfg.Socket),
 		Device: cfg.Device, DeviceIdx: s.devIndex, ReadOnly: cfg.ReadOnly, Onetime: cfg.Onetime,
 		Pid: os.Getpid(), Log: cfg.LogFile,
 	}
 	r := d.Recovery()
-	log.Info("attached", "name", cfg.Name, "provider", cfg.Provider, "mode", vol.mode.String(),
+	log.Info("attached", "name", cfg.Name, "provider", cfg.Provider, "mode", s.vol.mode.String(),
 		"size", d.Size(), "socket", cfg.Socket, "journal", r.Journal, "recovered_sectors", r.Sectors)
 	ok = true
 	return s, nil
@@ -268,12 +274,18 @@ func (s *server) stop(ctx context.Context) error {
 			s.log.Warn("disconnect kernel device", "device", s.cfg.Device, "err", err)
 		}
 	}
+	for _, l := range s.listeners {
+		l.Close()
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for _, srv := range s.servers {
 		if err := srv.Shutdown(ctx); err != nil {
 			s.log.Warn("shutdown", "err", err)
 		}
+	}
+	if s.vol == nil {
+		return nil
 	}
 	err := s.vol.close()
 	if err != nil {
