@@ -1,6 +1,3 @@
-// Package nbd is the server side of the Network Block Device protocol (fixed newstyle
-// handshake, simple and structured replies), as specified in NetworkBlockDevice/nbd
-// doc/proto.md. It knows nothing of encryption: it serves any Backend.
 package nbd
 
 // Flags qualify one write-type request.
@@ -22,16 +19,23 @@ const (
 //
 // Errors are per request: the server replies with an NBD error and the connection goes
 // on. The NBD error code comes from the syscall.Errno that the error wraps (errors.Is):
-// EPERM, EIO, ENOMEM, EINVAL, ENOSPC, EOVERFLOW, ENOTSUP, ESHUTDOWN; anything else is EIO.
+// EPERM (also EACCES, EROFS), EIO, ENOMEM, EINVAL, ENOSPC (also EDQUOT, EFBIG), EOVERFLOW,
+// ENOTSUP, ESHUTDOWN; anything else, an integrity failure included, is EIO. Wrapping an
+// *OffsetError says where a read failed.
 type Backend interface {
 	// Size is the export's size in bytes; it does not change while served.
 	Size() int64
+	// ReadAt fills all of p or fails; on failure none of p reaches the client.
 	ReadAt(p []byte, off int64) error
+	// WriteAt writes p (flags: FUA). As with io.WriterAt it must not modify p, and must
+	// not keep it after returning: the buffer is reused.
 	WriteAt(p []byte, off int64, flags Flags) error
 	// WriteZeroes makes [off, off+length) read as zeroes (flags: FUA, NoHole, FastZero).
+	// A backend that cannot may fail with ENOTSUP: without FastZero the server then
+	// writes zeroes through WriteAt, with it the client gets the ENOTSUP it asked for.
 	WriteZeroes(off, length int64, flags Flags) error
 	// Trim tells the backend that [off, off+length) is no longer needed; it may then read
-	// as anything (for eli: zeroes).
+	// as anything (for eli: zeroes). ENOTSUP is taken as success: TRIM is a hint.
 	Trim(off, length int64, flags Flags) error
 	// Flush makes every write that completed before it durable.
 	Flush() error
