@@ -36,7 +36,7 @@ func engines() []engine {
 func xorAVX2(st *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)
 
 //go:noescape
-func xorAVX512(st *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)
+func xorAVX512(st, pre *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)
 
 //go:noescape
 func xorAVX512VL8(st *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)
@@ -69,7 +69,8 @@ func xorKeyStream(e engine, st *[16]uint32, rounds int, ctr64 bool, dst, src []b
 	s := *st
 	if e == engineAVX512 {
 		if n := len(src) &^ 1023; n > 0 {
-			xorAVX512(&s, &dst[0], &src[0], n, rounds, ctr64)
+			pre := firstColumns(&s, ctr64)
+			xorAVX512(&s, &pre, &dst[0], &src[0], n, rounds, ctr64)
 			advanceState(&s, uint64(n/BlockSize), ctr64)
 			dst, src = dst[n:], src[n:]
 		}
@@ -90,6 +91,19 @@ func xorKeyStream(e engine, st *[16]uint32, rounds int, ctr64 bool, dst, src []b
 	xor8(e, &s, &buf[0], &buf[0], len(buf), rounds, ctr64)
 	copy(dst, buf[:len(src)])
 	clear(buf[:])
+}
+
+// firstColumns returns st after the first column round's quarter rounds on the columns
+// that are the same for every block of a call: 2 and 3, and 1 unless word 13 is part of
+// a 64-bit counter. Column 0 holds the counter and is left as it is.
+func firstColumns(st *[16]uint32, ctr64 bool) [16]uint32 {
+	pre := *st
+	pre[2], pre[6], pre[10], pre[14] = quarterRound(pre[2], pre[6], pre[10], pre[14])
+	pre[3], pre[7], pre[11], pre[15] = quarterRound(pre[3], pre[7], pre[11], pre[15])
+	if !ctr64 {
+		pre[1], pre[5], pre[9], pre[13] = quarterRound(pre[1], pre[5], pre[9], pre[13])
+	}
+	return pre
 }
 
 func xor8(e engine, st *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool) {

@@ -14,7 +14,8 @@
 //     alone needs 16, so two of the four "c" words (x8..x11) live on the stack at any
 //     time; the two free registers hold the rotate temporaries. Rotations by 16 and 8
 //     are byte shuffles (VPSHUFB), by 12 and 7 shift-shift-or.
-//   - xorAVX512: 16 blocks in ZMM registers, VPROLD rotates, nothing on the stack.
+//   - xorAVX512: 16 blocks in ZMM registers, VPROLD rotates, nothing on the stack; the
+//     first column round's lane-invariant quarter rounds come precomputed from Go.
 //   - xorAVX512VL8: the same in YMM registers (AVX-512VL), for 512-byte pieces, so a
 //     512-byte sector does not pay for 16 blocks.
 //   - hchachaAVX2, hchachaAVX512: one HChaCha permutation with the state in four XMM
@@ -316,7 +317,25 @@ func (g *gen) counterLanes(lo, hi, iotaReg, onesReg string) {
 }
 
 func (g *gen) avx512() {
-	g.prologue("xorAVX512", 0)
+	// One more argument than the other kernels: pre, the state after the first column
+	// round's quarter rounds on the columns that do not involve the block counter,
+	// computed once per call by the caller (columns 2 and 3, and column 1 unless ctr64,
+	// where word 13 is the counter's high half). They are the same in every lane, so
+	// each chunk starts from them and only column 0 (and 1) is computed per lane.
+	name := "xorAVX512"
+	g.line("// func %s(st, pre *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)", name)
+	g.line("TEXT ·%s(SB), NOSPLIT, $0-49", name)
+	g.op("MOVQ st+0(FP), AX")
+	g.op("MOVQ pre+8(FP), R9")
+	g.op("MOVQ dst+16(FP), DI")
+	g.op("MOVQ src+24(FP), SI")
+	g.op("MOVQ n+32(FP), CX")
+	g.op("MOVQ rounds+40(FP), DX")
+	g.op("SHRQ $1, DX")
+	g.op("MOVBLZX ctr64+48(FP), R10")
+	g.op("NEGL R10")
+	g.op("MOVL 48(AX), BX")
+	g.op("MOVL 52(AX), R8")
 	g.op("KMOVW R10, K2")
 	g.op("VMOVDQU32 iota<>(SB), Z18")
 	g.op("VPTERNLOGD $0xff, Z19, Z19, Z19")
@@ -327,18 +346,32 @@ func (g *gen) avx512() {
 		case 12:
 			g.op("VMOVDQA64 Z16, Z12")
 		case 13:
-			g.op("VMOVDQA64 Z17, Z13")
 		default:
-			g.op("VPBROADCASTD %d(AX), Z%d", 4*i, i)
+			g.op("VPBROADCASTD %d(R9), Z%d", 4*i, i)
 		}
 	}
-	g.op("MOVQ DX, R11")
-	g.line("avx512_round:")
 	rot := func(g *gen, r string, n, _ int) { g.op("VPROLD $%d, %s, %s", n, r, r) }
-	g.rounds([]quarter{{"Z0", "Z4", "Z8", "Z12"}, {"Z1", "Z5", "Z9", "Z13"}, {"Z2", "Z6", "Z10", "Z14"}, {"Z3", "Z7", "Z11", "Z15"}}, "VPADDD", "VPXORD", rot)
-	g.rounds([]quarter{{"Z0", "Z5", "Z10", "Z15"}, {"Z1", "Z6", "Z11", "Z12"}, {"Z2", "Z7", "Z8", "Z13"}, {"Z3", "Z4", "Z9", "Z14"}}, "VPADDD", "VPXORD", rot)
+	col := []quarter{{"Z0", "Z4", "Z8", "Z12"}, {"Z1", "Z5", "Z9", "Z13"}, {"Z2", "Z6", "Z10", "Z14"}, {"Z3", "Z7", "Z11", "Z15"}}
+	diag := []quarter{{"Z0", "Z5", "Z10", "Z15"}, {"Z1", "Z6", "Z11", "Z12"}, {"Z2", "Z7", "Z8", "Z13"}, {"Z3", "Z4", "Z9", "Z14"}}
+	g.op("TESTL R10, R10")
+	g.op("JNZ avx512_first64")
+	g.op("VPBROADCASTD 52(R9), Z13") // column 1 done by the caller
+	g.rounds(col[:1], "VPADDD", "VPXORD", rot)
+	g.op("JMP avx512_diagonal")
+	g.line("avx512_first64:")
+	g.op("VMOVDQA64 Z17, Z13")
+	g.rounds(col[:2], "VPADDD", "VPXORD", rot)
+	g.line("avx512_diagonal:")
+	g.rounds(diag, "VPADDD", "VPXORD", rot)
+	g.op("MOVQ DX, R11")
+	g.op("DECQ R11")
+	g.op("JZ avx512_rounds_done")
+	g.line("avx512_round:")
+	g.rounds(col, "VPADDD", "VPXORD", rot)
+	g.rounds(diag, "VPADDD", "VPXORD", rot)
 	g.op("DECQ R11")
 	g.op("JNZ avx512_round")
+	g.line("avx512_rounds_done:")
 	g.feedForward("Z")
 	t := [4]string{"Z20", "Z21", "Z22", "Z23"}
 	for grp := 0; grp < 4; grp++ {
