@@ -63,31 +63,39 @@ func (c *chachaXTS) MetaSize() int   { return 0 }
 
 func (c *chachaXTS) Seal(index uint64, buf, _ []byte) {
 	mustFit(c.mode, c.size, buf)
-	c.xor(index, buf)
+	c.xor(index, buf, buf)
+}
+
+// SealTo is Seal from src into dst (each one sector, not overlapping): the optional
+// extension blockdev uses to encrypt a write without copying it first.
+func (c *chachaXTS) SealTo(index uint64, dst, src, _ []byte) {
+	mustFit(c.mode, c.size, dst)
+	mustFit(c.mode, c.size, src)
+	c.xor(index, dst, src)
 }
 
 func (c *chachaXTS) Open(index uint64, buf, _ []byte) error {
 	if err := checkSector(c.mode, c.size, buf); err != nil {
 		return err
 	}
-	c.xor(index, buf)
+	c.xor(index, buf, buf)
 	return nil
 }
 
-// xor applies the sector's keystream in place; sealing and opening are the same.
-func (c *chachaXTS) xor(index uint64, buf []byte) {
+// xor XORs src with the sector's keystream into dst; sealing and opening are the same.
+func (c *chachaXTS) xor(index uint64, dst, src []byte) {
 	if c.wiped {
 		panic("sector: " + c.mode.String() + " codec used after Wipe")
 	}
 	if c.x {
 		var nonce [chacha.NonceSizeX]byte
 		binary.LittleEndian.PutUint64(nonce[:8], index)
-		chacha.XORKeyStreamXAt(c.rounds, &c.key, &nonce, 0, buf, buf)
+		chacha.XORKeyStreamXAt(c.rounds, &c.key, &nonce, 0, dst, src)
 		return
 	}
 	var nonce [chacha.NonceSize]byte
 	binary.LittleEndian.PutUint64(nonce[:8], index)
-	chacha.XORKeyStreamAt(c.rounds, &c.key, &nonce, 0, buf, buf)
+	chacha.XORKeyStreamAt(c.rounds, &c.key, &nonce, 0, dst, src)
 }
 
 func (c *chachaXTS) Wipe() {
