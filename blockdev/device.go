@@ -342,7 +342,7 @@ func (d *Device) ReadAt(p []byte, off int64) error {
 	if err := d.check(off, int64(len(p)), false); err != nil {
 		return err
 	}
-	return d.forSectors(p, off, d.readSectors, func(i uint64, o int, part []byte) error {
+	err := d.forSectors(p, off, d.readSectors, func(i uint64, o int, part []byte) error {
 		bp := d.getBuf()
 		defer d.putBuf(bp)
 		buf := (*bp)[:d.s]
@@ -352,6 +352,38 @@ func (d *Device) ReadAt(p []byte, off int64) error {
 		copy(part, buf[o:])
 		return nil
 	})
+	var se *SectorError
+	if errors.As(err, &se) && se.Offset < off {
+		se.Offset = off
+	}
+	return err
+}
+
+// Cache loads the metadata of [off, off+length) into the metadata cache, as far as the
+// cache holds it, so later reads of the range find their records in memory (NBD_CMD_CACHE;
+// nbd.Cacher). Length-preserving modes have nothing to load.
+func (d *Device) Cache(off, length int64) error {
+	if err := d.enter(false); err != nil {
+		return err
+	}
+	defer d.leave()
+	if err := d.check(off, length, false); err != nil {
+		return err
+	}
+	if !d.l.Authenticated() || length == 0 {
+		return nil
+	}
+	s := int64(d.s)
+	g0, _ := d.l.groupOf(uint64(off / s))
+	g1, _ := d.l.groupOf(uint64((off + length - 1) / s))
+	for g := g0; g <= g1 && g-g0 < uint64(d.cache.capacity()); g++ {
+		b, err := d.cache.get(g)
+		if err != nil {
+			return err
+		}
+		d.cache.unpin(b)
+	}
+	return nil
 }
 
 // forSectors splits [off, off+len(p)) into whole-sector pieces of at most pieceSectors

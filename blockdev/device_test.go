@@ -330,6 +330,24 @@ func TestCacheBounded(t *testing.T) {
 	d.Close()
 }
 
+// TestCacheWarm: Cache loads the range's metadata blocks, at most as many as the cache holds.
+func TestCacheWarm(t *testing.T) {
+	t.Parallel()
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, 102*10)
+	v.cfg.CacheBytes = 4 * 4096
+	d := v.open(t)
+	defer d.Close()
+	if err := d.Cache(0, d.Size()); err != nil {
+		t.Fatal(err)
+	}
+	if st := d.Stats(); st.CacheBlocks != 4 || st.CacheLoads != 4 {
+		t.Fatalf("after Cache of 10 groups with room for 4: %+v", st)
+	}
+	if err := d.Cache(0, d.Size()+1); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("Cache past the end: %v", err)
+	}
+}
+
 func TestPlanLayout(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

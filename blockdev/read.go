@@ -29,6 +29,23 @@ import (
 //
 // TestReadDuringCommit exercises this under -race.
 
+// SectorError is a read that failed because of one sector (the first that failed): it
+// says which, and where in the device, so that an NBD server can report the offset
+// (nbd.OffsetError). Err wraps sector.ErrAuth when the sector failed authentication.
+type SectorError struct {
+	Sector uint64
+	// Offset is the first byte of the request that belongs to the sector: the sector's
+	// start, or the request's if it starts inside the sector.
+	Offset int64
+	Err    error
+}
+
+func (e *SectorError) Error() string {
+	return fmt.Sprintf("read sector %d (offset %d): %v", e.Sector, e.Offset, e.Err)
+}
+
+func (e *SectorError) Unwrap() error { return e.Err }
+
 type srcKind uint8
 
 const (
@@ -226,11 +243,12 @@ func (d *Device) openSources(dst []byte, first uint64, src []source, lo, hi int)
 		}
 		if err != nil {
 			clear(sec)
+			i := first + uint64(k)
 			if errors.Is(err, sector.ErrAuth) {
-				d.reportAuth(first+uint64(k), err)
+				d.reportAuth(i, err)
 			}
 			if firstErr == nil {
-				firstErr = fmt.Errorf("read: %w", err)
+				firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(s), Err: err}
 			}
 		}
 	}

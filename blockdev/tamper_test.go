@@ -127,10 +127,20 @@ func TestTamperDetected(t *testing.T) {
 					}
 				}
 			}
-			// A large read spanning the victims fails as a whole.
-			all := make([]byte, len(plain))
-			if err := d.ReadAt(all, 0); !errors.Is(err, sector.ErrAuth) {
+			// A large read spanning the victims fails as a whole, naming the first one.
+			all := make([]byte, len(plain)-100)
+			err := d.ReadAt(all, 100)
+			var se *SectorError
+			if !errors.Is(err, sector.ErrAuth) || !errors.As(err, &se) {
 				t.Fatalf("whole-volume read: %v", err)
+			}
+			if se.Sector != tc.victim[0] || se.Offset != max(100, int64(tc.victim[0])*512) {
+				t.Fatalf("whole-volume read blames sector %d at offset %d, want %d", se.Sector, se.Offset, tc.victim[0])
+			}
+			// A read starting inside the victim reports its own start as the offset.
+			err = d.ReadAt(buf[:100], int64(tc.victim[0])*512+7)
+			if !errors.As(err, &se) || se.Offset != int64(tc.victim[0])*512+7 {
+				t.Fatalf("partial read of a victim: %v", err)
 			}
 			if got := logged.Load(); got != int64(len(tc.victim)) {
 				t.Fatalf("%d log lines for %d tampered sectors, want one each", got, len(tc.victim))
