@@ -224,7 +224,10 @@ func (d *Device) openAuthenticated(cfg Config) error {
 	if d.interval <= 0 {
 		d.interval = DefaultCommitInterval
 	}
-	d.slabs = newSlabPool(d.s, d.pieceSectors, d.maxBatch)
+	// Idle slabs kept for reuse: a whole batch's worth, with their Slack and a spare
+	// piece, so a steady write load recycles every slab and makes no garbage.
+	piece := int64(d.pieceSectors*d.s + sector.Slack)
+	d.slabs = newSlabPool(d.s, d.pieceSectors, d.maxBatch/int64(d.pieceSectors*d.s)*piece+2*piece)
 	d.epoch = time.Now()
 	d.cond.L = &d.mu
 	if err := d.recover(); err != nil {
