@@ -31,12 +31,11 @@ const (
 
 // Errors of the Device. Each wraps the errno an NBD server reports for it.
 var (
-	ErrReadOnly    = fmt.Errorf("device is read-only: %w", syscall.EPERM)
-	ErrClosed      = fmt.Errorf("device is closed: %w", syscall.ESHUTDOWN)
-	ErrOutOfRange  = fmt.Errorf("request outside the device: %w", syscall.EINVAL)
-	ErrPastEnd     = fmt.Errorf("write past the end of the device: %w", syscall.ENOSPC)
-	ErrSlowZero    = fmt.Errorf("zeroing is not faster than writing zeroes in this mode: %w", syscall.ENOTSUP)
-	errCommitStall = errors.New("commit failed")
+	ErrReadOnly   = fmt.Errorf("device is read-only: %w", syscall.EPERM)
+	ErrClosed     = fmt.Errorf("device is closed: %w", syscall.ESHUTDOWN)
+	ErrOutOfRange = fmt.Errorf("request outside the device: %w", syscall.EINVAL)
+	ErrPastEnd    = fmt.Errorf("write past the end of the device: %w", syscall.ENOSPC)
+	ErrSlowZero   = fmt.Errorf("zeroing is not faster than writing zeroes in this mode: %w", syscall.ENOTSUP)
 )
 
 // Defaults for the zero values of Config.
