@@ -69,6 +69,7 @@ Start with 'eli init PROVIDER', then 'eli attach PROVIDER'; 'eli detach NAME' cl
 		newOnetimeCmd(g),
 		newResizeCmd(g),
 		newVersionCmd(),
+		newBenchCmd(),
 		newDemoCmd(g),
 		newServeCmd(g),
 	)
