@@ -23,7 +23,8 @@ var modeCases = []struct {
 	{"aead-512", sector.ModeXChaCha20Poly1305, 512, 350}, // 4 groups, the last partial
 	{"aead-4096", sector.ModeXChaCha20Poly1305, 4096, 230},
 	{"aead-65536", sector.ModeXChaCha20Poly1305, 65536, 20},
-	{"xor-512", sector.ModeAESXTS256, 512, 300},
+	{"xor-512", sector.ModeAESXTS128, 512, 300},
+	{"aes-xts-4096", sector.ModeAESXTS256, 4096, 64},
 	{"none-4096", sector.ModeNone, 4096, 64},
 }
 

@@ -40,6 +40,16 @@ func (d *Device) plainWriteAt(p []byte, off int64, flags Flags) error {
 	defer d.putBuf(bp)
 	err := d.forSectors(p, off, func(p []byte, first uint64, n int) error {
 		buf := (*bp)[:len(p)]
+		if st, ok := d.codec.(sealerTo); ok {
+			// Encrypt from the caller's buffer, which must stay as it is, without a copy.
+			d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+				for k := lo; k < hi; k++ {
+					st.SealTo(first+uint64(k), buf[k*d.s:(k+1)*d.s], p[k*d.s:(k+1)*d.s], nil)
+				}
+				return nil
+			})
+			return d.plainWriteSealed(buf, first, n)
+		}
 		copy(buf, p)
 		return d.plainWriteWhole(buf, first, n)
 	}, d.plainWritePartial)
@@ -53,6 +63,11 @@ func (d *Device) plainWriteAt(p []byte, off int64, flags Flags) error {
 // them under the sectors' locks, so a concurrent read-modify-write cannot undo them.
 func (d *Device) plainWriteWhole(buf []byte, first uint64, n int) error {
 	d.plainSeal(buf, first, n)
+	return d.plainWriteSealed(buf, first, n)
+}
+
+// plainWriteSealed writes n encrypted sectors.
+func (d *Device) plainWriteSealed(buf []byte, first uint64, n int) error {
 	d.locks.lock(first, uint64(n))
 	defer d.locks.unlock(first, uint64(n))
 	if _, err := d.p.WriteAt(buf, d.l.dataPos(first)); err != nil {
