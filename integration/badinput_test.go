@@ -1,0 +1,222 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/elidisk/eli/internal/testtool"
+	"github.com/elidisk/eli/nbdclient"
+)
+
+// Scenario 7 (issue 6): bad input through the CLI. Each case exits non-zero with one
+// clear line on stderr and changes nothing on disk: every file in the test's directory
+// hashes the same before and after, and `eli list` shows the same volumes. Cases that
+// cmd/eli/cli_test.go covers already (usage errors, wrong passphrase or keyfile, a file of
+// 0xab bytes, a socket under /proc, a second attach without clients, detach of an unknown
+// name) are not repeated; these are the ones it lacks.
+
+// badCase is one command that must fail.
+type badCase struct {
+	name string
+	args []string
+	want string // in the one line on stderr
+}
+
+// dirState is what "changes nothing on disk" compares: the hash of every regular file
+// under dir, and the attached volumes.
+func (e *env) dirState(dirs ...string) string {
+	e.t.Helper()
+	var b strings.Builder
+	for _, d := range dirs {
+		filepath.WalkDir(d, func(p string, de os.DirEntry, err error) error {
+			if err != nil {
+				e.t.Fatalf("walk %s: %v", p, err)
+			}
+			if de.Type().IsRegular() {
+				fmt.Fprintf(&b, "%s %x\n", p, fileHash(e.t, p))
+			}
+			return nil
+		})
+	}
+	var names []string
+	for _, r := range e.list() {
+		names = append(names, r.Name+" "+r.Socket)
+	}
+	slices.Sort(names)
+	fmt.Fprintf(&b, "attached: %v\n", names)
+	return b.String()
+}
+
+func (e *env) runBad(cases []badCase) {
+	e.t.Helper()
+	for _, c := range cases {
+		before := e.dirState(e.dir)
+		r := e.fails(c.want, c.args...)
+		if r.code != 1 {
+			e.t.Errorf("%s: exit %d, want 1 (an operational error): %v", c.name, r.code, r)
+		}
+		if after := e.dirState(e.dir); after != before {
+			e.t.Errorf("%s changed the disk or the attached volumes:\nbefore:\n%s\nafter:\n%s", c.name, before, after)
+		}
+	}
+}
+
+// TestBadProviders: providers that are not eli volumes, or no longer fit theirs.
+func TestBadProviders(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "mkfs.ext4", "e2fsprogs")
+	testtool.Need(t, "qemu-img", "qemu-utils")
+	testtool.Need(t, "cryptsetup", "cryptsetup-bin")
+	e := newEnv(t, false)
+
+	// A volume whose provider shrank under it (truncated by mistake): header copy B and
+	// the end of the data area are gone.
+	shrunk := e.create(volume{name: "shrunk.img", size: "16M"})
+	if err := os.Truncate(shrunk, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	small := e.path("small.img")
+	if err := os.WriteFile(small, make([]byte, 64<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := e.path("zero.img")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil || os.Truncate(empty, 16<<20) != nil {
+		t.Fatalf("create %s: %v", empty, err)
+	}
+	ext4 := e.path("ext4.img")
+	if err := os.WriteFile(ext4, nil, 0o600); err != nil || os.Truncate(ext4, 16<<20) != nil {
+		t.Fatalf("create %s: %v", ext4, err)
+	}
+	command(t, time.Minute, "mkfs.ext4", "-q", "-F", ext4)
+	qcow := e.path("disk.qcow2")
+	command(t, time.Minute, "qemu-img", "create", "-q", "-f", "qcow2", qcow, "16M")
+	luks := e.path("luks.img")
+	if err := os.WriteFile(luks, nil, 0o600); err != nil || os.Truncate(luks, 32<<20) != nil {
+		t.Fatalf("create %s: %v", luks, err)
+	}
+	// Cheap PBKDF: the header's content is all that matters here.
+	command(t, time.Minute, "cryptsetup", "luksFormat", "-q", "--type", "luks2", "--pbkdf", "pbkdf2",
+		"--pbkdf-force-iterations", "1000", "--key-file", e.pass, luks)
+
+	hdr := make([]byte, 4096)
+	if f, err := os.Open(luks); err != nil {
+		t.Fatal(err)
+	} else if _, err := f.ReadAt(hdr, 0); err != nil {
+		t.Fatal(err)
+	} else {
+		f.Close()
+	}
+	lukshdr := e.path("luks.backup")
+	if err := os.WriteFile(lukshdr, hdr, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	attach := func(p string) []string { return []string{"attach", "--passphrase-file", e.pass, p} }
+	e.runBad([]badCase{
+		{"attach of a shrunk provider", attach(shrunk), "does not fit the provider"},
+		{"setkey on a shrunk provider", append([]string{"setkey", "--passphrase-file", e.pass, "--new-passphrase-file", e.pass}, append(quickKDF, shrunk)...), "does not fit the provider"},
+		{"init of an existing provider too small", append([]string{"init", "--passphrase-file", e.pass}, append(quickKDF, small)...), "provider too small"},
+		{"init --sector-size 65536 of a 64 KiB provider", append([]string{"init", "--sector-size", "65536", "--passphrase-file", e.pass}, append(quickKDF, small)...), "provider too small"},
+		{"attach of an all-zero provider", attach(empty), "not an eli provider"},
+		{"attach of an ext4 filesystem", attach(ext4), "not an eli provider"},
+		{"attach of a qcow2 image", attach(qcow), "not an eli provider"},
+		{"attach of a LUKS2 volume", attach(luks), "LUKS"},
+		{"restore of a LUKS header as a backup", []string{"restore", lukshdr, shrunk}, "no eli header"},
+		{"attach of a directory", attach(e.dir), "is a directory"},
+		{"attach of a missing provider", attach(e.path("missing.img")), "no such file"},
+		{"detach of a provider that is not attached", []string{"detach", shrunk}, "is not attached"},
+	})
+	for _, p := range []string{ext4, qcow, luks} {
+		if _, err := os.Stat(p + ".sock"); err == nil {
+			t.Errorf("a refused attach left a socket for %s", p)
+		}
+	}
+}
+
+// TestBadCredentialsAndSockets: credentials that do not open the volume, and socket paths
+// no server can use (or must not take).
+func TestBadCredentialsAndSockets(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	img := e.create(volume{name: "c.img", size: "16M"})
+	other := e.create(volume{name: "o.img", size: "16M"})
+	key := e.write("key", "a keyfile the volume never saw")
+	notSocket := e.write("not-a-socket", "must survive")
+	otherURI := e.attach(other)
+
+	// unix(7): sun_path holds 108 bytes with the terminating NUL; clients cannot connect
+	// to a longer path, so a server must not claim to listen there.
+	long := filepath.Join(e.dir, strings.Repeat("s", 110)+".sock")
+	attach := func(extra ...string) []string {
+		return append(append([]string{"attach", "--passphrase-file", e.pass}, extra...), img)
+	}
+	e.runBad([]badCase{
+		{"an extra keyfile", attach("--keyfile", key), "wrong passphrase or keyfile"},
+		{"an empty keyslot", attach("--slot", "3"), "keyslot 3 is empty"},
+		{"a missing passphrase file", []string{"attach", "--passphrase-file", e.path("nope"), img}, "no such file"},
+		{"a missing keyfile", attach("--keyfile", e.path("nokey")), "no such file"},
+		{"a socket in a missing directory", attach("--socket", e.path("no/dir/c.sock")), "no such file or directory"},
+		{"a socket path that is a regular file", attach("--socket", notSocket), "not a socket"},
+		{"another server's live socket", attach("--socket", socketOf(otherURI)), "already listening"},
+		{"a socket path longer than unix sockets allow", attach("--socket", long), "too long"},
+	})
+	// The other server kept its socket and serves.
+	if info := nbdInfo(t, otherURI); info.Size <= 0 {
+		t.Fatalf("the other server: %+v", info)
+	}
+	e.detach("o.img")
+}
+
+// TestBadInputWhileAttached: with a client connected and holding data, nothing another
+// eli command does may touch the volume, and the client keeps working.
+func TestBadInputWhileAttached(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	img := e.create(volume{name: "busy.img", size: "16M"})
+	backup := e.path("busy.backup")
+	e.ok("backup", img, backup)
+	uri := e.attach(img)
+	c, err := nbdclient.Dial("unix", socketOf(uri), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data := bytes.Repeat([]byte("client data "), 4000)
+	if err := c.WriteAt(data, 8192, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	p := e.pass
+	e.runBad([]badCase{
+		{"a second attach", []string{"attach", "--passphrase-file", p, img}, "already attached"},
+		{"a second attach under another name", []string{"attach", "--passphrase-file", p, "--name", "other", img}, "in use"},
+		{"a second attach on the same socket", []string{"attach", "--passphrase-file", p, "--name", "other", "--socket", socketOf(uri), img}, "in use"},
+		{"init --force", append([]string{"init", "--force", "--passphrase-file", p}, append(quickKDF, img)...), "in use"},
+		{"setkey", append([]string{"setkey", "--passphrase-file", p, "--new-passphrase-file", p}, append(quickKDF, img)...), "in use"},
+		{"delkey", []string{"delkey", "--force", "--slot", "0", img}, "in use"},
+		{"kill", []string{"kill", "--yes", img}, "in use"},
+		{"restore", []string{"restore", backup, img}, "in use"},
+		{"resize", []string{"resize", "--passphrase-file", p, "--size", "32M", img}, "in use"},
+		{"onetime", []string{"onetime", "--name", "scratch", img}, "in use"},
+	})
+
+	// The client's connection survived all of it.
+	got := make([]byte, len(data))
+	if err := c.ReadAt(got, 8192); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("client read after the refused commands: %v", err)
+	}
+	if err := c.WriteAt(data, 1<<20, true); err != nil {
+		t.Fatalf("client write after the refused commands: %v", err)
+	}
+	c.Close()
+	e.detach("busy.img")
+}
