@@ -19,6 +19,7 @@ import (
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/provider"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 )
 
 type attachOptions struct {
@@ -127,6 +128,13 @@ func (o *attachOptions) serveSetup(sd stateDir, path string) (*serveConfig, erro
 	}
 	if socket, err = filepath.Abs(socket); err != nil {
 		return nil, err
+	}
+	// unix(7): sun_path holds the path and its NUL. nbd.ListenUnix binds a short temporary
+	// name and links it into place, so a longer path would be "served" where no client
+	// can connect.
+	if limit := len(unix.RawSockaddrUnix{}.Path) - 1; len(socket) > limit {
+		return nil, fmt.Errorf("socket path %s is too long (%d bytes; unix sockets allow at most %d): choose a shorter --socket or --state-dir",
+			socket, len(socket), limit)
 	}
 	cfg := &serveConfig{
 		Name: name, Provider: abs, Socket: socket, Listen: o.listen,
