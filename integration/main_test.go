@@ -19,6 +19,17 @@ const workPrefix = "eli-it-"
 
 func TestMain(m *testing.M) {
 	sweepStale()
+	// ELI_BIN runs the tests against a given binary (an installed or released eli)
+	// instead of building this checkout.
+	if bin := os.Getenv("ELI_BIN"); bin != "" {
+		abs, err := filepath.Abs(bin)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		eliBin = abs
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", workPrefix+fmt.Sprint(os.Getpid())+"-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
