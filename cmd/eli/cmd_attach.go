@@ -67,6 +67,7 @@ ready, leaving a server process behind; the last line it prints is the NBD URI.
 	}
 	f := cmd.Flags()
 	addCredFlags(cmd, &o.creds, "j", "k", "p")
+	addCPUProfileFlag(cmd)
 	f.IntVarP(&o.slot, "slot", "n", keys.AnySlot, "try only keyslot N (0-7)")
 	f.BoolVarP(&o.readOnly, "readonly", "r", false, "serve read-only")
 	addServeFlags(cmd, o)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -301,4 +302,29 @@ func (w *benchWorker) run(stop *atomic.Bool) (int64, error) {
 		done += int64(w.n * w.s)
 	}
 	return done, nil
+}
+
+// addCPUProfileFlag gives cmd a hidden --cpuprofile FILE that writes a pprof CPU profile
+// of the whole command: with attach --foreground, of the server until it stops. It lives
+// here, beside the benchmarks it serves (bench/run, docs/benchmarks.md).
+func addCPUProfileFlag(cmd *cobra.Command) {
+	var path string
+	cmd.Flags().StringVar(&path, "cpuprofile", "", "write a CPU profile to FILE")
+	cmd.Flags().MarkHidden("cpuprofile")
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if path == "" {
+			return run(c, args)
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+		return run(c, args)
+	}
 }
