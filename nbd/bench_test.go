@@ -26,10 +26,11 @@ import (
 // nbdcopy copies 1 GiB each way (read: export to null:, write: a tmpfs file to the
 // export); fio's nbd engine runs 4 KiB random reads and writes at queue depth 32 for a
 // bounded time. Both servers run as their own processes (this one is the test binary in
-// its serving mode, see TestMain), and each iteration alternates which goes first.
-// Metrics per sub-benchmark: eli-MB/s or eli-IOPS, nbdkit-..., and eli/nbdkit, the
-// ratio of the medians; and each server's CPU time per MB or per I/O, a steadier measure
-// on a shared machine.
+// its serving mode, see TestMain; GOMAXPROCS in the environment reaches it), and the two
+// take turns going first. Metrics: each server's median rate (MB/s or IOPS), eli/nbdkit as
+// the median of the per-iteration ratios (runs next to each other in time see the same
+// machine load, which on a shared machine moves more than the servers differ), and each
+// server's CPU time per MB or per I/O, a steadier measure of cost.
 func BenchmarkVsNbdkit(b *testing.B) {
 	for _, tool := range []string{"nbdkit", "nbdcopy", "fio"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -112,9 +113,14 @@ func BenchmarkVsNbdkit(b *testing.B) {
 				}
 			}
 			eli, kit := median(rates["eli"]), median(rates["nbdkit"])
+			var ratios []float64
+			for i := range rates["eli"] {
+				ratios = append(ratios, rates["eli"][i]/rates["nbdkit"][i])
+			}
+			ratio := median(ratios)
 			b.ReportMetric(eli, "eli-"+w.unit)
 			b.ReportMetric(kit, "nbdkit-"+w.unit)
-			b.ReportMetric(eli/kit, "eli/nbdkit")
+			b.ReportMetric(ratio, "eli/nbdkit")
 			per := "µs/MB"
 			if w.unit == "IOPS" {
 				per = "µs/IO"
@@ -123,8 +129,9 @@ func BenchmarkVsNbdkit(b *testing.B) {
 			kcpu := float64(cpu["nbdkit"].Microseconds()) / work["nbdkit"]
 			b.ReportMetric(ecpu, "eli-cpu-"+per)
 			b.ReportMetric(kcpu, "nbdkit-cpu-"+per)
-			b.Logf("%s: eli %v, nbdkit %v (%s), median ratio %.3f; server CPU eli %.2f, nbdkit %.2f %s (ratio %.2f)",
-				w.name, round(rates["eli"]), round(rates["nbdkit"]), w.unit, eli/kit, ecpu, kcpu, per, ecpu/kcpu)
+			load, _ := os.ReadFile("/proc/loadavg")
+			b.Logf("%s: eli %v, nbdkit %v (%s), median ratio %.3f; server CPU eli %.2f, nbdkit %.2f %s (ratio %.2f); loadavg %s",
+				w.name, round(rates["eli"]), round(rates["nbdkit"]), w.unit, ratio, ecpu, kcpu, per, ecpu/kcpu, strings.Fields(string(load))[0])
 		})
 	}
 }
