@@ -114,7 +114,9 @@ func (s *Server) handshakeTimeout() time.Duration {
 }
 
 // Serve accepts connections on l and serves them until Shutdown (then it returns
-// ErrServerClosed) or until Accept fails. It does not close l on an Accept error.
+// ErrServerClosed) or until Accept fails for good, for instance because someone else
+// closed l; connections already open then go on until they end or Shutdown drains them.
+// It does not close l on an Accept error.
 func (s *Server) Serve(l net.Listener) error {
 	if err := s.init(); err != nil {
 		return err

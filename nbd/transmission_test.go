@@ -156,6 +156,11 @@ func TestZeroLengthRequests(t *testing.T) {
 			}
 		}
 	}
+	for _, o := range mem.opsCopy() {
+		if o.name != "flush" {
+			t.Errorf("a zero-length request reached the backend: %+v", o)
+		}
+	}
 }
 
 func TestWriteFlagsReachBackend(t *testing.T) {
@@ -459,5 +464,36 @@ func TestInFlightBounds(t *testing.T) {
 				t.Errorf("peak %d requests at once: the limits (%d) never bound, or requests were serialised", p, tc.wantPeak)
 			}
 		})
+	}
+}
+
+// cachingMem adds the optional Cacher to memBackend.
+type cachingMem struct {
+	*memBackend
+	calls chan [2]int64
+}
+
+func (c cachingMem) Cache(off, n int64) error {
+	c.calls <- [2]int64{off, n}
+	return nil
+}
+
+func TestCache(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	cm := cachingMem{mem, make(chan [2]int64, 1)}
+	path := serveUnix(t, oneExportServer(cm, nil))
+	rc, _ := mustConnect(t, path, true)
+	if r := rc.roundTrip(t, cmdCache, 0, 8192, 65536, nil); r.err != 0 {
+		t.Fatalf("cache: error %d", r.err)
+	}
+	if got := <-cm.calls; got != [2]int64{8192, 65536} {
+		t.Fatalf("Cache called with %v", got)
+	}
+	// Without Cacher, CACHE succeeds and does nothing.
+	path = serveUnix(t, oneExportServer(newMem(1<<20), nil))
+	rc, _ = mustConnect(t, path, false)
+	if r := rc.roundTrip(t, cmdCache, 0, 0, 4096, nil); r.err != 0 {
+		t.Fatalf("cache without Cacher: error %d", r.err)
 	}
 }
