@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/layout"
+
 	"golang.org/x/crypto/chacha20poly1305"
 
 	"github.com/elidisk/eli/provider"
@@ -78,7 +80,7 @@ func benchDevice(b *testing.B, dir string, size int64, cfg Config) *Device {
 		b.Cleanup(func() { pf.Close() })
 		p = pf
 	}
-	l, err := PlanLayout(size, 4096, sector.ModeXChaCha20Poly1305, 0)
+	l, err := layout.Plan(size, 4096, sector.ModeXChaCha20Poly1305, 0)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -97,12 +97,12 @@ func (d *Device) commit(b *batch) error {
 	}
 	slices.Sort(idx)
 	d.sortBuf = idx
-	jcap := d.l.journalCap()
+	jcap := journalCap(d.l)
 	for len(idx) > 0 {
 		n, groups := 0, 0
 		var lastG uint64
 		for n < len(idx) && n < jcap {
-			g, _ := d.l.groupOf(idx[n])
+			g, _ := d.l.GroupOf(idx[n])
 			if n == 0 || g != lastG {
 				if groups == d.roundMax {
 					break
@@ -133,7 +133,7 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 	}()
 	jes := d.jentries[:0]
 	for _, i := range idx {
-		g, j := d.l.groupOf(i)
+		g, j := d.l.GroupOf(i)
 		if len(blocks) == 0 || blocks[len(blocks)-1].g != g {
 			blk, err := d.cache.get(g)
 			if err != nil {
@@ -161,7 +161,7 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 	// 2. Data and records in place, in any order; recovery sorts out a crash in here.
 	bi := 0
 	for _, je := range jes {
-		g, j := d.l.groupOf(je.index)
+		g, j := d.l.GroupOf(je.index)
 		for blocks[bi].g != g {
 			bi++
 		}
@@ -171,7 +171,7 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 		return err
 	}
 	for _, blk := range blocks {
-		if _, err := d.p.WriteAt(blk.data, d.l.blockPos(blk.g)); err != nil {
+		if _, err := d.p.WriteAt(blk.data, d.l.BlockPos(blk.g)); err != nil {
 			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
 		}
 	}
@@ -189,7 +189,7 @@ func (d *Device) writeJournal(entries []journalEntry) error {
 	if err != nil {
 		return err
 	}
-	if _, err := d.p.WriteAt(buf, d.l.JournalOffset); err != nil {
+	if _, err := d.p.WriteAt(buf, d.l.JournalOffset()); err != nil {
 		return fmt.Errorf("write journal: %w", err)
 	}
 	return d.sync()
@@ -204,12 +204,12 @@ func (d *Device) writeData(b *batch, jes []journalEntry) error {
 	for x := 0; x < len(jes); {
 		i := jes[x].index
 		e := b.entries[i]
-		g, _ := d.l.groupOf(i)
+		g, _ := d.l.GroupOf(i)
 		y := x + 1
 		for y < len(jes) {
 			ni := jes[y].index
 			ne := b.entries[ni]
-			ng, _ := d.l.groupOf(ni)
+			ng, _ := d.l.GroupOf(ni)
 			if ni != i+uint64(y-x) || ng != g || (ne.slab == nil) != (e.slab == nil) {
 				break
 			}
@@ -221,7 +221,7 @@ func (d *Device) writeData(b *batch, jes []journalEntry) error {
 			}
 			y++
 		}
-		pos := d.l.dataPos(i)
+		pos := d.l.DataPos(i)
 		switch {
 		case e.slab != nil:
 			if _, err := d.p.WriteAt(e.slab.buf[e.off:int(e.off)+(y-x)*s], pos); err != nil {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/layout"
+
 	"github.com/elidisk/eli/sector"
 )
 
@@ -181,7 +183,7 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		t.Helper()
 		t.Fatalf("variant %s seed %d (rerun with ELI_CRASH_SEED=%d): %s", v.name, seed, seed, fmt.Sprintf(format, args...))
 	}
-	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, v.sectorSize, v.sectors, JournalAlign)
+	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, v.sectorSize, v.sectors, layout.Align)
 	mem := newMem(size)
 	if err := Format(mem, l); err != nil {
 		t.Fatal(err)
@@ -361,7 +363,7 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 func TestCommitFailure(t *testing.T) {
 	t.Parallel()
 	const n = 300
-	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, 512, n, JournalAlign)
+	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, 512, n, layout.Align)
 	for k := 0; ; k++ {
 		mem := newMem(size)
 		if err := Format(mem, l); err != nil {

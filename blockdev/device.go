@@ -151,9 +151,9 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	if err := l.Validate(p.Size()); err != nil {
 		return nil, fmt.Errorf("open device: %w", err)
 	}
-	if c.SectorSize() != l.SectorSize || c.MetaSize() != l.MetaSize {
+	if c.SectorSize() != l.SectorSize || c.MetaSize() != l.MetaSize() {
 		return nil, fmt.Errorf("open device: codec %s has %d-byte sectors and %d-byte records, layout %d and %d",
-			c.Mode(), c.SectorSize(), c.MetaSize(), l.SectorSize, l.MetaSize)
+			c.Mode(), c.SectorSize(), c.MetaSize(), l.SectorSize, l.MetaSize())
 	}
 	if l.Size()/int64(l.SectorSize) != int64(l.Sectors) {
 		return nil, fmt.Errorf("open device: %d sectors overflow the size", l.Sectors)
@@ -208,7 +208,7 @@ func (d *Device) openAuthenticated(cfg Config) error {
 	}
 	m := d.l.MetaBlockSize()
 	d.cache = newMetaCache(m, cacheBytes, func(g uint64, buf []byte) error {
-		_, err := d.p.ReadAt(buf, d.l.blockPos(g))
+		_, err := d.p.ReadAt(buf, d.l.BlockPos(g))
 		return err
 	})
 	// A round pins its metadata blocks, so it may use half of the cache; the other half
@@ -376,8 +376,8 @@ func (d *Device) Cache(off, length int64) error {
 		return nil
 	}
 	s := int64(d.s)
-	g0, _ := d.l.groupOf(uint64(off / s))
-	g1, _ := d.l.groupOf(uint64((off + length - 1) / s))
+	g0, _ := d.l.GroupOf(uint64(off / s))
+	g1, _ := d.l.GroupOf(uint64((off + length - 1) / s))
 	for g := g0; g <= g1 && g-g0 < uint64(d.cache.capacity()); g++ {
 		b, err := d.cache.get(g)
 		if err != nil {

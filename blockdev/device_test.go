@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/layout"
+
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
 )
@@ -121,7 +123,7 @@ func TestRandomOpsMatchModel(t *testing.T) {
 					if bytes.Count(pt, []byte{0}) == len(pt) {
 						continue
 					}
-					pos := v.l.dataPos(i)
+					pos := v.l.DataPos(i)
 					if bytes.Equal(raw[pos:pos+int64(tc.sectorSize)], pt) {
 						t.Fatalf("sector %d is stored in the clear", i)
 					}
@@ -219,7 +221,7 @@ func TestWriteZeroesFastZero(t *testing.T) {
 // and keep the header regions intact.
 func TestFormatFile(t *testing.T) {
 	t.Parallel()
-	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, 4096, 500, DefaultJournalLen)
+	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, 4096, 500, layout.DefaultJournalLen)
 	path := filepath.Join(t.TempDir(), "vol")
 	garbage := bytes.Repeat([]byte{0xa5}, int(size))
 	if err := os.WriteFile(path, garbage, 0o600); err != nil {
@@ -246,7 +248,7 @@ func TestFormatFile(t *testing.T) {
 	}
 	d.Close()
 	raw, _ := os.ReadFile(path)
-	if !bytes.Equal(raw[:HeaderRegionLen], garbage[:HeaderRegionLen]) || !bytes.Equal(raw[size-HeaderCopyLen:], garbage[:HeaderCopyLen]) {
+	if !bytes.Equal(raw[:layout.HeaderRegionLen], garbage[:layout.HeaderRegionLen]) || !bytes.Equal(raw[size-layout.HeaderCopyLen:], garbage[:layout.HeaderCopyLen]) {
 		t.Fatal("Format touched a header region")
 	}
 	var st syscall.Stat_t
@@ -261,7 +263,7 @@ func TestFormatFile(t *testing.T) {
 // TestFormatWithoutPunch zeroes only the journal and the metadata blocks.
 func TestFormatWithoutPunch(t *testing.T) {
 	t.Parallel()
-	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, 512, 300, JournalAlign)
+	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, 512, 300, layout.Align)
 	mem := newMem(size)
 	for i := range mem.data {
 		mem.data[i] = 0x5a
@@ -281,7 +283,7 @@ func TestFormatWithoutPunch(t *testing.T) {
 	if bytes.Count(got, []byte{0}) != len(got) {
 		t.Fatal("volume does not read as zeroes")
 	}
-	if mem.data[l.dataPos(5)] != 0x5a {
+	if mem.data[l.DataPos(5)] != 0x5a {
 		t.Fatal("Format without punch wrote data sectors (it needs only the metadata)")
 	}
 }
@@ -346,80 +348,5 @@ func TestCacheWarm(t *testing.T) {
 	}
 	if err := d.Cache(0, d.Size()+1); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("Cache past the end: %v", err)
-	}
-}
-
-func TestPlanLayout(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		size       int64
-		sectorSize int
-		mode       sector.Mode
-		journal    int64
-		wantErr    bool
-	}{
-		{1 << 30, 4096, sector.ModeXChaCha20Poly1305, 0, false},
-		{1 << 30, 512, sector.ModeXChaCha20Poly1305, 1 << 20, false},
-		{1<<30 + 12345, 65536, sector.ModeXChaCha20Poly1305, 0, false},
-		{1 << 40, 4096, sector.ModeXChaCha20Poly1305, 0, false},
-		{1 << 30, 4096, sector.ModeAESXTS256, 0, false},
-		{1<<20 + 777, 512, sector.ModeNone, 0, false},
-		{100000, 4096, sector.ModeXChaCha20Poly1305, 0, true},
-		{1 << 30, 4096, sector.ModeXChaCha20Poly1305, 12345, true},
-		{1 << 30, 3000, sector.ModeXChaCha20Poly1305, 0, true},
-	} {
-		l, err := PlanLayout(tc.size, tc.sectorSize, tc.mode, tc.journal)
-		if tc.wantErr {
-			if err == nil {
-				t.Errorf("%+v: planned %+v, want an error", tc, l)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("%+v: %v", tc, err)
-			continue
-		}
-		// Maximal: one more sector does not fit.
-		more := l
-		more.Sectors++
-		if more.Validate(tc.size) == nil {
-			t.Errorf("%+v: %d sectors planned but %d fit", tc, l.Sectors, more.Sectors)
-		}
-		end := l.DataOffset + l.Span()
-		if end > dataLimit(tc.size) || dataLimit(tc.size)%JournalAlign != 0 || end > headerBOffset(tc.size) {
-			t.Errorf("%+v: data area ends at %d, past E=%d", tc, end, dataLimit(tc.size))
-		}
-	}
-	// The minimum size is exactly the smallest that works.
-	probe, _ := PlanLayout(1<<30, 4096, sector.ModeXChaCha20Poly1305, 0)
-	min := MinProviderSize(probe)
-	if l, err := PlanLayout(min, 4096, sector.ModeXChaCha20Poly1305, 0); err != nil || l.Sectors < 1 {
-		t.Errorf("at the minimum size %d: %+v, %v", min, l, err)
-	}
-	if _, err := PlanLayout(min-4096, 4096, sector.ModeXChaCha20Poly1305, 0); err == nil {
-		t.Errorf("below the minimum size %d: no error", min)
-	}
-}
-
-func TestGeometry(t *testing.T) {
-	t.Parallel()
-	// docs/format.md: M = max(S, 4096), R = floor(M/40), G = M + R·S.
-	for _, tc := range []struct{ s, m, r int }{{512, 4096, 102}, {4096, 4096, 102}, {65536, 65536, 1638}} {
-		l := Layout{SectorSize: tc.s, MetaSize: 40, DataOffset: 1 << 20, Sectors: 1000}
-		if l.MetaBlockSize() != tc.m || l.RecordsPerGroup() != tc.r || l.GroupLen() != int64(tc.m+tc.r*tc.s) {
-			t.Errorf("S=%d: M=%d R=%d G=%d", tc.s, l.MetaBlockSize(), l.RecordsPerGroup(), l.GroupLen())
-		}
-		// Sector R+1 is the second sector of group 1.
-		if got, want := l.dataPos(uint64(tc.r+1)), int64(1<<20)+l.GroupLen()+int64(tc.m)+int64(tc.s); got != want {
-			t.Errorf("S=%d: dataPos(R+1)=%d want %d", tc.s, got, want)
-		}
-		if got := l.Span(); got != int64(1000/tc.r)*l.GroupLen()+func() int64 {
-			if rem := 1000 % tc.r; rem > 0 {
-				return int64(tc.m + rem*tc.s)
-			}
-			return 0
-		}() {
-			t.Errorf("S=%d: span %d", tc.s, got)
-		}
 	}
 }

@@ -28,7 +28,7 @@ func Format(p provider.Provider, l Layout) error {
 		blockDev = b.IsBlockDevice()
 	}
 	if canPunch && !blockDev {
-		if err := pu.Punch(l.JournalOffset, end-l.JournalOffset); err != nil {
+		if err := pu.Punch(l.JournalOffset(), end-l.JournalOffset()); err != nil {
 			return fmt.Errorf("format: %w", err)
 		}
 		return syncFormat(p)
@@ -46,12 +46,12 @@ func Format(p provider.Provider, l Layout) error {
 		}
 		return nil
 	}
-	if err := zero(l.JournalOffset, l.JournalLen); err != nil {
+	if err := zero(l.JournalOffset(), l.JournalLen); err != nil {
 		return fmt.Errorf("format: zero journal: %w", err)
 	}
 	m := int64(l.MetaBlockSize())
 	for g := range l.Groups() {
-		if err := zero(l.blockPos(g), m); err != nil {
+		if err := zero(l.BlockPos(g), m); err != nil {
 			return fmt.Errorf("format: zero metadata block of group %d: %w", g, err)
 		}
 	}

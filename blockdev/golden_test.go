@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/layout"
+
 	"golang.org/x/crypto/chacha20poly1305"
 
 	"github.com/elidisk/eli/sector"
@@ -112,7 +114,7 @@ var goldenOps = []struct {
 }
 
 func goldenLayout(t testing.TB) Layout {
-	l, err := PlanLayout(goldenProviderSize, 512, sector.ModeXChaCha20Poly1305, JournalAlign)
+	l, err := layout.Plan(goldenProviderSize, 512, sector.ModeXChaCha20Poly1305, layout.Align)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +173,7 @@ func goldenImages(t testing.TB) map[string]struct {
 	// Events of the last commit: journal, sync, data..., metadata blocks..., sync, then
 	// Close's empty journal and its sync.
 	ev := rec.events[last:]
-	if ev[0].kind != evWrite || ev[0].off != JournalAlign || ev[1].kind != evSync {
+	if ev[0].kind != evWrite || ev[0].off != layout.Align || ev[1].kind != evSync {
 		t.Fatalf("last commit does not start with journal and sync: %+v", ev[:2])
 	}
 	l := goldenLayout(t)

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/elidisk/eli/layout"
+
 	"github.com/elidisk/eli/sector"
 )
 
@@ -72,12 +74,12 @@ func (m *memProvider) snapshot() []byte {
 // layoutFor builds a layout with exactly n sectors and the smallest provider for it.
 func layoutFor(t testing.TB, mode sector.Mode, sectorSize int, n uint64, journalLen int64) (Layout, int64) {
 	t.Helper()
-	l := Layout{SectorSize: sectorSize, MetaSize: mode.MetaSize(), DataOffset: HeaderRegionLen, Sectors: n}
-	if l.MetaSize > 0 {
-		l.JournalOffset, l.JournalLen = HeaderRegionLen, journalLen
+	l := Layout{Mode: mode, SectorSize: sectorSize, DataOffset: layout.HeaderRegionLen, Sectors: n}
+	if l.MetaSize() > 0 {
+		l.JournalLen = journalLen
 		l.DataOffset += journalLen
 	}
-	size := (l.DataOffset+l.Span()+JournalAlign-1)/JournalAlign*JournalAlign + HeaderCopyLen
+	size := (l.DataOffset+l.Span()+layout.Align-1)/layout.Align*layout.Align + layout.HeaderCopyLen
 	if err := l.Validate(size); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +131,7 @@ type testVol struct {
 // newTestVol formats a memory provider for mode with n sectors.
 func newTestVol(t testing.TB, mode sector.Mode, sectorSize int, n uint64) *testVol {
 	t.Helper()
-	l, size := layoutFor(t, mode, sectorSize, n, JournalAlign)
+	l, size := layoutFor(t, mode, sectorSize, n, layout.Align)
 	mem := newMem(size)
 	if err := Format(mem, l); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/elidisk/eli/layout"
+
 	"golang.org/x/crypto/chacha20poly1305"
 )
 
@@ -18,13 +20,13 @@ const (
 	journalADLen     = 24 // header bytes [0, 24) are the additional data
 	journalNonceOff  = 24
 	journalTagLen    = chacha20poly1305.Overhead
-	journalEntryLen  = 8 + 2*RecordSize
+	journalEntryLen  = 8 + 2*layout.RecordSize
 	// JournalKeySize is the length of Config.JournalKey.
 	JournalKeySize = chacha20poly1305.KeySize
 )
 
 // record is one sector's metadata record: nonce ‖ tag, or all zero for "reads as zeroes".
-type record [RecordSize]byte
+type record [layout.RecordSize]byte
 
 func (r *record) isZero() bool { return *r == record{} }
 
@@ -50,7 +52,7 @@ func newJournal(key []byte, l Layout, rand io.Reader) (*journal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("journal key: %w", err)
 	}
-	return &journal{aead: a, rand: rand, off: l.JournalOffset, length: l.JournalLen}, nil
+	return &journal{aead: a, rand: rand, off: l.JournalOffset(), length: l.JournalLen}, nil
 }
 
 // encode builds the sealed journal for entries under the next sequence number and returns
@@ -135,7 +137,7 @@ func (j *journal) read(r io.ReaderAt, sectors uint64) ([]journalEntry, error) {
 		p := plain[i*journalEntryLen:]
 		e.index = binary.LittleEndian.Uint64(p)
 		copy(e.old[:], p[8:])
-		copy(e.new[:], p[8+RecordSize:])
+		copy(e.new[:], p[8+layout.RecordSize:])
 		// The journal opened, so this is our own writing: a bad index is a bug or a
 		// journal from another layout, and replaying it would scribble on the volume.
 		if e.index >= sectors {

@@ -3,6 +3,8 @@ package blockdev
 import (
 	"fmt"
 	"sync"
+
+	"github.com/elidisk/eli/layout"
 )
 
 // metaCache keeps metadata blocks in memory, bounded by a number of blocks, least recently
@@ -136,14 +138,14 @@ func (c *metaCache) evictLocked() {
 	}
 }
 
-// records copies the records at positions [j, j+len(dst)/RecordSize) of group g.
+// records copies the records at positions [j, j+len(dst)/layout.RecordSize) of group g.
 func (c *metaCache) records(g uint64, j int, dst []byte) error {
 	b, err := c.get(g)
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
-	copy(dst, b.data[j*RecordSize:])
+	copy(dst, b.data[j*layout.RecordSize:])
 	b.pins--
 	c.evictLocked()
 	c.mu.Unlock()
@@ -153,14 +155,14 @@ func (c *metaCache) records(g uint64, j int, dst []byte) error {
 // patch sets the record at position j of a block the caller has pinned.
 func (c *metaCache) patch(b *mblock, j int, r *record) {
 	c.mu.Lock()
-	copy(b.data[j*RecordSize:], r[:])
+	copy(b.data[j*layout.RecordSize:], r[:])
 	c.mu.Unlock()
 }
 
 // record reads position j of a block the caller has pinned.
 func (c *metaCache) record(b *mblock, j int) (r record) {
 	c.mu.Lock()
-	copy(r[:], b.data[j*RecordSize:])
+	copy(r[:], b.data[j*layout.RecordSize:])
 	c.mu.Unlock()
 	return r
 }

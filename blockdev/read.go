@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/elidisk/eli/layout"
+
 	"github.com/elidisk/eli/sector"
 )
 
@@ -77,7 +79,7 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 	defer readScratchPool.Put(rs)
 	if cap(rs.src) < n {
 		rs.src = make([]source, d.pieceSectors)
-		rs.recs = make([]byte, d.pieceSectors*RecordSize)
+		rs.recs = make([]byte, d.pieceSectors*layout.RecordSize)
 	}
 	src := rs.src[:n]
 	defer d.dropRefs(src)
@@ -87,7 +89,7 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 			d.commitMu.Lock()
 		}
 		seen := d.classify(first, src)
-		err := d.fetchDisk(dst, first, src, rs.recs[:n*RecordSize])
+		err := d.fetchDisk(dst, first, src, rs.recs[:n*layout.RecordSize])
 		ok := err == nil && d.revalidate(first, src, seen)
 		if locked {
 			d.commitMu.Unlock()
@@ -179,16 +181,16 @@ func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte) 
 			k++
 			continue
 		}
-		g, j := d.l.groupOf(first + uint64(k))
-		end := min(n, k+d.l.groupSectors(g)-j) // end of this group within the request
-		if err := d.cache.records(g, j, recs[k*RecordSize:end*RecordSize]); err != nil {
+		g, j := d.l.GroupOf(first + uint64(k))
+		end := min(n, k+d.l.GroupSectors(g)-j) // end of this group within the request
+		if err := d.cache.records(g, j, recs[k*layout.RecordSize:end*layout.RecordSize]); err != nil {
 			return err
 		}
 		for x := k; x < end; x++ {
 			if src[x].kind != srcDisk {
 				continue
 			}
-			copy(src[x].rec[:], recs[x*RecordSize:])
+			copy(src[x].rec[:], recs[x*layout.RecordSize:])
 			if d.overrides != nil {
 				if r, ok := d.overrides[first+uint64(x)]; ok {
 					src[x].rec = r
@@ -205,7 +207,7 @@ func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte) 
 			for y < end && src[y].kind == srcDisk && !src[y].rec.isZero() {
 				y++
 			}
-			if _, err := d.p.ReadAt(dst[x*d.s:y*d.s], d.l.dataPos(first+uint64(x))); err != nil {
+			if _, err := d.p.ReadAt(dst[x*d.s:y*d.s], d.l.DataPos(first+uint64(x))); err != nil {
 				return fmt.Errorf("read sectors %d-%d: %w", first+uint64(x), first+uint64(y-1), err)
 			}
 			x = y

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/elidisk/eli/layout"
+
 	"github.com/elidisk/eli/sector"
 )
 
@@ -68,7 +70,7 @@ func TestTamperDetected(t *testing.T) {
 		tamper func(l Layout, raw, other []byte)
 	}{
 		{"ciphertext bit", []uint64{i}, func(l Layout, raw, _ []byte) {
-			raw[l.dataPos(i)+100] ^= 0x04
+			raw[l.DataPos(i)+100] ^= 0x04
 		}},
 		{"record nonce bit", []uint64{i}, func(l Layout, raw, _ []byte) {
 			raw[recPos(l, i)+3] ^= 0x80
@@ -245,7 +247,7 @@ func TestTamperJournal(t *testing.T) {
 	}
 	d2.Close()
 
-	img[v.l.JournalOffset+journalHeaderLen+5] ^= 1
+	img[v.l.JournalOffset()+journalHeaderLen+5] ^= 1
 	d3, err := Open(&memProvider{data: img}, v.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -260,16 +262,16 @@ func TestTamperJournal(t *testing.T) {
 }
 
 func recPos(l Layout, i uint64) int64 {
-	g, j := l.groupOf(i)
-	return l.blockPos(g) + int64(j)*RecordSize
+	g, j := l.GroupOf(i)
+	return l.BlockPos(g) + int64(j)*layout.RecordSize
 }
 
 func rec(l Layout, raw []byte, i uint64) []byte {
 	p := recPos(l, i)
-	return raw[p : p+RecordSize]
+	return raw[p : p+layout.RecordSize]
 }
 
 func data(l Layout, raw []byte, i uint64) []byte {
-	p := l.dataPos(i)
+	p := l.DataPos(i)
 	return raw[p : p+int64(l.SectorSize)]
 }

@@ -29,7 +29,7 @@ func (h *Header) Dump() string {
 	line("sectors", "%d (%d bytes)", h.Sectors, h.Sectors*uint64(h.SectorSize))
 	line("data offset", "%d", h.DataOffset)
 	line("journal offset", "%d", h.JournalOffset())
-	line("journal length", "%d", h.JournalLength)
+	line("journal length", "%d", h.JournalLen)
 	line("provider size", "%d", h.ProviderSize)
 	line("keyslots", "%d active of %d", h.ActiveSlots(), NumSlots)
 	line("header mac", "%s", hex.EncodeToString(h.raw[offMAC:offMAC+macSize]))

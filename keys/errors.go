@@ -3,6 +3,8 @@ package keys
 import (
 	"errors"
 	"fmt"
+
+	"github.com/elidisk/eli/layout"
 )
 
 // Sentinel errors. Every error this package returns for one of these conditions wraps the
@@ -17,9 +19,9 @@ var (
 	// ErrStale: a valid header copy that is older than the other one (a warning from Read).
 	ErrStale = errors.New("eli header copy is older than the other")
 	// ErrTooSmall: the provider cannot hold the layout.
-	ErrTooSmall = errors.New("provider is too small")
+	ErrTooSmall = layout.ErrTooSmall
 	// ErrLayout: layout fields that the format does not allow.
-	ErrLayout = errors.New("invalid volume layout")
+	ErrLayout = layout.ErrInvalid
 	// ErrWrongKey: no keyslot opens with the given credentials.
 	ErrWrongKey = errors.New("wrong passphrase or keyfile")
 	// ErrHeaderTampered: the header MAC does not verify under the unlocked master key.

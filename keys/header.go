@@ -153,7 +153,7 @@ func decode(b []byte, where string) (*Header, error) {
 		dst  *int64
 	}{
 		{offDataOffset, "data offset", &h.DataOffset},
-		{offJournalLen, "journal length", &h.JournalLength},
+		{offJournalLen, "journal length", &h.JournalLen},
 		{offProvider, "provider size", &h.ProviderSize},
 	} {
 		v := le.Uint64(b[f.off:])
@@ -164,7 +164,7 @@ func decode(b []byte, where string) (*Header, error) {
 	}
 	h.Sectors = le.Uint64(b[offSectors:])
 	if jo := le.Uint64(b[offJournalOff:]); jo != uint64(h.JournalOffset()) {
-		return nil, corrupt("journal offset %d does not match journal length %d", jo, h.JournalLength)
+		return nil, corrupt("journal offset %d does not match journal length %d", jo, h.JournalLen)
 	}
 	if f := le.Uint32(b[offFlags:]); f != 0 {
 		return nil, corrupt("unknown flags %#x", f)
@@ -172,12 +172,12 @@ func decode(b []byte, where string) (*Header, error) {
 	if n := le.Uint32(b[offSlotCount:]); n != NumSlots {
 		return nil, corrupt("keyslot count %d, expected %d", n, NumSlots)
 	}
-	if err := h.Layout.check(); err != nil {
+	if err := h.Layout.Check(); err != nil {
 		return nil, corrupt("%v", err)
 	}
 	// N was set for the recorded provider size, so the layout fits it; Resize relies on
 	// this to know that the copy B of that size lies outside the data area.
-	if err := h.Layout.fits(h.ProviderSize); err != nil {
+	if err := h.Layout.Validate(h.ProviderSize); err != nil {
 		return nil, corrupt("recorded provider size %d cannot hold the layout", h.ProviderSize)
 	}
 	if !allZero(b[offReserved:offChecksum]) {
@@ -215,7 +215,7 @@ func encodeBase(raw *[HeaderSize]byte, l Layout, volumeID [16]byte, providerSize
 	le.PutUint32(raw[offSectorSize:], uint32(l.SectorSize))
 	le.PutUint64(raw[offDataOffset:], uint64(l.DataOffset))
 	le.PutUint64(raw[offJournalOff:], uint64(l.JournalOffset()))
-	le.PutUint64(raw[offJournalLen:], uint64(l.JournalLength))
+	le.PutUint64(raw[offJournalLen:], uint64(l.JournalLen))
 	le.PutUint32(raw[offSlotCount:], NumSlots)
 	le.PutUint64(raw[offSectors:], l.Sectors)
 	le.PutUint64(raw[offProvider:], uint64(providerSize))

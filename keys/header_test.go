@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
 )
@@ -21,10 +22,10 @@ func TestCreateReadRoundTrip(t *testing.T) {
 		l    Layout
 	}{
 		{"aead 4k", testSize, testLayout()},
-		{"aead 512", testSize, Layout{Mode: sector.ModeXChaCha20Poly1305, SectorSize: 512, JournalLength: 2 << 20, DataOffset: 65536 + 2<<20, Sectors: 1}},
-		{"aead 64k", 16 << 20, Layout{Mode: sector.ModeXChaCha20Poly1305, SectorSize: 65536, JournalLength: 65536, DataOffset: 196608, Sectors: 100}},
+		{"aead 512", testSize, Layout{Mode: sector.ModeXChaCha20Poly1305, SectorSize: 512, JournalLen: 2 << 20, DataOffset: 65536 + 2<<20, Sectors: 1}},
+		{"aead 64k", 16 << 20, Layout{Mode: sector.ModeXChaCha20Poly1305, SectorSize: 65536, JournalLen: 65536, DataOffset: 131072, Sectors: 100}},
 		{"xts", testSize, Layout{Mode: sector.ModeAESXTS256, SectorSize: 4096, DataOffset: 65536, Sectors: (testSize - 2*65536) / 4096}},
-		{"none, odd size", testSize + 777, Layout{Mode: sector.ModeNone, SectorSize: 512, DataOffset: 131072, Sectors: 1000}},
+		{"none, odd size", testSize + 777, Layout{Mode: sector.ModeNone, SectorSize: 512, DataOffset: 65536, Sectors: 1000}},
 	}
 	for _, tc := range layouts {
 		t.Run(tc.name, func(t *testing.T) {
@@ -53,7 +54,7 @@ func TestCreateReadRoundTrip(t *testing.T) {
 			if !bytes.Equal(a, b) || !bytes.Equal(a, h.Backup()) {
 				t.Error("copies A and B (and the backup) differ")
 			}
-			if !allZero(p.bytesAt(HeaderSize, JournalOffset-HeaderSize)) {
+			if !allZero(p.bytesAt(HeaderSize, layout.HeaderRegionLen-HeaderSize)) {
 				t.Error("reserved area is not zero")
 			}
 			if bytes.Contains(a, mk.Bytes()) {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/elidisk/eli/layout"
+
 	"github.com/elidisk/eli/sector"
 )
 
@@ -130,11 +132,11 @@ const testSize = 4 << 20
 // testLayout fits a provider of testSize bytes.
 func testLayout() Layout {
 	return Layout{
-		Mode:          sector.ModeXChaCha20Poly1305,
-		SectorSize:    4096,
-		JournalLength: 65536,
-		DataOffset:    131072,
-		Sectors:       500,
+		Mode:       sector.ModeXChaCha20Poly1305,
+		SectorSize: 4096,
+		JournalLen: 65536,
+		DataOffset: 131072,
+		Sectors:    500,
 	}
 }
 
@@ -192,7 +194,7 @@ func mustUnlock(t testing.TB, p *memProvider, c Credentials, want int, mk *Maste
 	}
 }
 
-func copyB(p *memProvider) int64 { return copyBOffset(p.Size()) }
+func copyB(p *memProvider) int64 { return layout.HeaderBOffset(p.Size()) }
 
 // rewrite replaces the header copy at off with raw after fixing its checksum (what an
 // attacker, or another writer, can always do).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
 )
 
@@ -44,7 +45,7 @@ func create(p provider.Provider, l Layout, c Credentials, kdf KDFParams, rnd io.
 		mk.Wipe()
 		return nil, err
 	}
-	if _, err := p.WriteAt(make([]byte, JournalOffset-HeaderSize), HeaderSize); err != nil {
+	if _, err := p.WriteAt(make([]byte, layout.HeaderRegionLen-HeaderSize), HeaderSize); err != nil {
 		mk.Wipe()
 		return nil, fmt.Errorf("clear the reserved area after header copy A: %w", err)
 	}
@@ -202,7 +203,7 @@ func Restore(p provider.Provider, backup []byte, force bool) error {
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
-	if err := hb.Layout.fits(p.Size()); err != nil {
+	if err := hb.Layout.Validate(p.Size()); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	cs, err := readCopies(p)

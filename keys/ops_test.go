@@ -316,9 +316,9 @@ func TestCreateRefuses(t *testing.T) {
 		{"tiny provider", 65536, with(func(l *Layout) { l.Sectors = 1 }), pass("x"), tiny, ErrTooSmall},
 		{"bad mode", testSize, with(func(l *Layout) { l.Mode = 0 }), pass("x"), tiny, ErrLayout},
 		{"bad sector size", testSize, with(func(l *Layout) { l.SectorSize = 3000 }), pass("x"), tiny, ErrLayout},
-		{"no journal", testSize, with(func(l *Layout) { l.JournalLength = 0; l.DataOffset = 65536 }), pass("x"), tiny, ErrLayout},
+		{"no journal", testSize, with(func(l *Layout) { l.JournalLen = 0; l.DataOffset = 65536 }), pass("x"), tiny, ErrLayout},
 		{"journal for xts", testSize, with(func(l *Layout) { l.Mode = sector.ModeAESXTS256 }), pass("x"), tiny, ErrLayout},
-		{"unaligned journal", testSize, with(func(l *Layout) { l.JournalLength = 4096 }), pass("x"), tiny, ErrLayout},
+		{"unaligned journal", testSize, with(func(l *Layout) { l.JournalLen = 4096 }), pass("x"), tiny, ErrLayout},
 		{"data over journal", testSize, with(func(l *Layout) { l.DataOffset = 65536 }), pass("x"), tiny, ErrLayout},
 		{"unaligned data", testSize, with(func(l *Layout) { l.DataOffset = 135168 }), pass("x"), tiny, ErrLayout},
 		{"no sectors", testSize, with(func(l *Layout) { l.Sectors = 0 }), pass("x"), tiny, ErrLayout},
@@ -352,30 +352,4 @@ func TestCreateRefuses(t *testing.T) {
 		t.Fatalf("Create with the largest N: %v", err)
 	}
 	mk.Wipe()
-}
-
-func TestDataSpan(t *testing.T) {
-	t.Parallel()
-	aead := sector.ModeXChaCha20Poly1305
-	for _, tc := range []struct {
-		m    sector.Mode
-		s    int
-		n    uint64
-		want int64
-	}{
-		{sector.ModeAESXTS256, 4096, 10, 40960},
-		{aead, 4096, 1, 4096 + 4096},
-		{aead, 4096, 102, 4096 + 102*4096},
-		{aead, 4096, 103, 4096 + 102*4096 + 4096 + 4096},
-		{aead, 512, 102, 4096 + 102*512},
-		{aead, 65536, 1638, 65536 + 1638*65536},
-		{aead, 65536, 1639, 65536 + 1638*65536 + 65536 + 65536},
-	} {
-		if got, ok := dataSpan(tc.m, tc.s, tc.n); !ok || got != tc.want {
-			t.Errorf("span(%v, %d, %d) = %d, %v; want %d", tc.m, tc.s, tc.n, got, ok, tc.want)
-		}
-	}
-	if _, ok := dataSpan(aead, 65536, ^uint64(0)); ok {
-		t.Error("span of 2^64-1 sectors did not overflow")
-	}
 }

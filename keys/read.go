@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/elidisk/eli/layout"
+
 	"github.com/elidisk/eli/provider"
 )
 
@@ -36,7 +38,7 @@ func where(off int64) string { return fmt.Sprintf(" at offset %d", off) }
 // wrong with each copy is in its err.
 func readCopies(p provider.Provider) ([2]copyRead, error) {
 	size := p.Size()
-	cs := [2]copyRead{{which: CopyA, off: 0}, {which: CopyB, off: copyBOffset(size)}}
+	cs := [2]copyRead{{which: CopyA, off: 0}, {which: CopyB, off: layout.HeaderBOffset(size)}}
 	for i := range cs {
 		c := &cs[i]
 		if c.off < 0 || size < HeaderSize {
@@ -49,7 +51,7 @@ func readCopies(p provider.Provider) ([2]copyRead, error) {
 		}
 		c.h, c.err = decode(c.raw, where(c.off))
 		if c.err == nil {
-			if err := c.h.Layout.fits(size); err != nil {
+			if err := c.h.Layout.Validate(size); err != nil {
 				c.err = newError(ErrTooSmall, "eli header copy%s does not fit the provider: %v", where(c.off), err)
 			}
 		}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 
+	"github.com/elidisk/eli/layout"
+
 	"github.com/elidisk/eli/provider"
 )
 
@@ -18,7 +20,7 @@ const (
 
 // writeCopies writes raw (sequence and checksum already set) as both header copies of p.
 func writeCopies(p provider.Provider, raw *[HeaderSize]byte, order writeOrder) error {
-	offB := copyBOffset(p.Size())
+	offB := layout.HeaderBOffset(p.Size())
 	if offB < 0 {
 		return newError(ErrTooSmall, "a provider of %d bytes has no room for header copy B", p.Size())
 	}
@@ -47,8 +49,8 @@ func writeCopies(p provider.Provider, raw *[HeaderSize]byte, order writeOrder) e
 // area of any layout that fits oldSize (Decode checks that N fits the recorded size), so
 // zeroing it loses no data.
 func wipeStrayCopy(p provider.Provider, oldSize int64, volumeID [16]byte) error {
-	old := copyBOffset(oldSize)
-	if old < 0 || old == copyBOffset(p.Size()) || old+HeaderSize > p.Size() {
+	old := layout.HeaderBOffset(oldSize)
+	if old < 0 || old == layout.HeaderBOffset(p.Size()) || old+HeaderSize > p.Size() {
 		return nil
 	}
 	b := make([]byte, HeaderSize)
@@ -78,7 +80,7 @@ func finish(p provider.Provider, raw *[HeaderSize]byte, seq uint64, order writeO
 	if err != nil {
 		return fmt.Errorf("internal error: the updated header does not decode: %w", err)
 	}
-	if err := h.Layout.fits(p.Size()); err != nil {
+	if err := h.Layout.Validate(p.Size()); err != nil {
 		return err
 	}
 	return writeCopies(p, raw, order)

@@ -203,7 +203,7 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 	if err != nil {
 		return err
 	}
-	l := deviceLayout(h.Layout)
+	l := h.Layout
 	if !l.Authenticated() {
 		step("done (%s has no integrity, so the tampering step is skipped)", h.Mode)
 		return nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/elidisk/eli/blockdev"
 	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
 	"github.com/spf13/cobra"
@@ -155,7 +156,7 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) error {
 			return fmt.Errorf("%s already holds %s: 'eli kill' it first, or pass --force to overwrite it", path, what)
 		}
 	}
-	layout, err := blockdev.PlanLayout(p.Size(), o.sectorSize, mode, journal)
+	l, err := layout.Plan(p.Size(), o.sectorSize, mode, journal)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
@@ -169,10 +170,10 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) error {
 		return err
 	}
 
-	if err := blockdev.Format(p, layout); err != nil {
+	if err := blockdev.Format(p, l); err != nil {
 		return fmt.Errorf("prepare %s: %w", path, err)
 	}
-	mk, err := keys.Create(p, keysLayout(mode, layout), creds.toKeys(), kdf)
+	mk, err := keys.Create(p, l, creds.toKeys(), kdf)
 	if err != nil {
 		return fmt.Errorf("init %s: %w", path, err)
 	}
@@ -183,7 +184,7 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) error {
 	}
 	out := cmd.OutOrStdout()
 	fmt.Fprintf(out, "initialized %s: %s, %d-byte sectors, %s usable, volume %s\n",
-		path, mode, o.sectorSize, formatSize(layout.Size()), hex.EncodeToString(h.VolumeID[:]))
+		path, mode, o.sectorSize, formatSize(l.Size()), hex.EncodeToString(h.VolumeID[:]))
 	fmt.Fprintf(out, "keyslot 0: %s, %v\n", creds.toKeys().Uses(), kdf)
 	if o.backup != "" {
 		if err := writeFileExcl(o.backup, h.Backup()); err != nil {
@@ -220,19 +221,4 @@ func createOrGrow(path string, size int64) error {
 	}
 	defer p.Close()
 	return p.Extend(size)
-}
-
-// keysLayout is the header's view of a planned layout.
-func keysLayout(mode sector.Mode, l blockdev.Layout) keys.Layout {
-	return keys.Layout{Mode: mode, SectorSize: l.SectorSize, DataOffset: l.DataOffset, JournalLength: l.JournalLen, Sectors: l.Sectors}
-}
-
-// deviceLayout is blockdev's view of a header's layout.
-func deviceLayout(l keys.Layout) blockdev.Layout {
-	bl := blockdev.Layout{SectorSize: l.SectorSize, MetaSize: l.Mode.MetaSize(), DataOffset: l.DataOffset,
-		JournalLen: l.JournalLength, Sectors: l.Sectors}
-	if l.JournalLength > 0 {
-		bl.JournalOffset = l.JournalOffset()
-	}
-	return bl
 }

@@ -3,8 +3,8 @@ package main
 import (
 	"fmt"
 
-	"github.com/elidisk/eli/blockdev"
 	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/layout"
 	"github.com/spf13/cobra"
 )
 
@@ -52,8 +52,8 @@ read as zeroes. Shrinking is refused. The volume must not be attached.`,
 					return err
 				}
 			}
-			old := deviceLayout(h.Layout)
-			l, err := blockdev.PlanLayout(p.Size(), h.SectorSize, h.Mode, h.JournalLength)
+			old := h.Layout
+			l, err := layout.Plan(p.Size(), h.SectorSize, h.Mode, h.JournalLen)
 			if err != nil {
 				return err
 			}
@@ -67,7 +67,7 @@ read as zeroes. Shrinking is refused. The volume must not be attached.`,
 			}
 			// Whatever lies past the old data area (the old header copy B, a grown
 			// device's old contents) must read as "never written" in the new one.
-			if err := p.Punch(old.DataOffset+old.Span(), keys.DataLimit(p.Size())-(old.DataOffset+old.Span())); err != nil {
+			if err := p.Punch(old.End(), layout.DataLimit(p.Size())-old.End()); err != nil {
 				return fmt.Errorf("clear the new area: %w", err)
 			}
 			if err := p.Sync(); err != nil {

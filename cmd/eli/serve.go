@@ -14,6 +14,7 @@ import (
 
 	"github.com/elidisk/eli/blockdev"
 	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/nbd"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/nbdkernel"
@@ -56,16 +57,16 @@ type volume struct {
 
 // openVolume builds the codec and the device for an unlocked provider.
 func openVolume(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *slog.Logger) (*volume, error) {
-	var layout blockdev.Layout
+	var l layout.Layout
 	var mode sector.Mode
 	if cfg.Onetime {
 		var err error
 		mode = cfg.Mode
-		layout, err = blockdev.PlanLayout(p.Size(), cfg.SectorSize, mode, 0)
+		l, err = layout.Plan(p.Size(), cfg.SectorSize, mode, 0)
 		if err != nil {
 			return nil, err
 		}
-		if err := blockdev.Format(p, layout); err != nil {
+		if err := blockdev.Format(p, l); err != nil {
 			return nil, fmt.Errorf("prepare onetime volume: %w", err)
 		}
 	} else {
@@ -80,18 +81,18 @@ func openVolume(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *slo
 			return nil, err
 		}
 		mode = h.Mode
-		layout = deviceLayout(h.Layout)
+		l = h.Layout
 	}
 	dk := mk.DataKey(mode)
 	defer dk.Wipe()
-	codec, err := sector.New(sector.Params{Mode: mode, SectorSize: layout.SectorSize, Key: dk.Bytes(), VolumeID: mk.VolumeID()})
+	codec, err := sector.New(sector.Params{Mode: mode, SectorSize: l.SectorSize, Key: dk.Bytes(), VolumeID: mk.VolumeID()})
 	if err != nil {
 		return nil, err
 	}
 	jk := mk.JournalKey()
 	defer jk.Wipe()
 	dev, err := blockdev.Open(p, blockdev.Config{
-		Layout:     layout,
+		Layout:     l,
 		Codec:      codec,
 		JournalKey: jk.Bytes(),
 		ReadOnly:   cfg.ReadOnly,
