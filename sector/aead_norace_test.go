@@ -1,5 +1,0 @@
-//go:build !race
-
-package sector
-
-const aeadRace = false
