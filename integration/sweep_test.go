@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -35,21 +34,25 @@ func staleRun(path string) bool {
 
 func sweepStale() {
 	// Deepest mount points first: an ext4 mount sits on a loop device that sits on a
-	// file inside a FUSE mount.
-	var mounts []string
-	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if fields := strings.Fields(sc.Text()); len(fields) > 4 && staleRun(fields[4]) {
+	// file inside a FUSE mount (nbdfuse).
+	var mounts, fuse []string
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			// mountinfo(5): ID parent major:minor root mountpoint options ... - fstype ...
+			before, after, ok := strings.Cut(line, " - ")
+			fields := strings.Fields(before)
+			if !ok || len(fields) < 5 || !staleRun(fields[4]) {
+				continue
+			}
+			if strings.HasPrefix(after, "fuse") {
+				fuse = append(fuse, fields[4])
+			} else {
 				mounts = append(mounts, fields[4])
 			}
 		}
-		f.Close()
 	}
 	for i := len(mounts) - 1; i >= 0; i-- {
-		if !strings.Contains(mounts[i], "/fuse") {
-			exec.Command("umount", "-l", mounts[i]).Run()
-		}
+		exec.Command("umount", "-l", mounts[i]).Run()
 	}
 	if out, err := exec.Command("losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE").Output(); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
@@ -58,10 +61,8 @@ func sweepStale() {
 			}
 		}
 	}
-	for i := len(mounts) - 1; i >= 0; i-- {
-		if strings.Contains(mounts[i], "/fuse") {
-			exec.Command("fusermount3", "-u", "-z", mounts[i]).Run()
-		}
+	for i := len(fuse) - 1; i >= 0; i-- {
+		exec.Command("fusermount3", "-u", "-z", fuse[i]).Run()
 	}
 	for _, root := range []string{os.TempDir(), "/dev/shm"} {
 		dirs, _ := filepath.Glob(filepath.Join(root, workPrefix+"*"))
