@@ -26,6 +26,7 @@ var clientConfigs = []struct {
 }
 
 func TestQemuImg(t *testing.T) {
+	t.Parallel()
 	testtool.Need(t, "qemu-img", "qemu-utils")
 	for _, cfg := range clientConfigs {
 		t.Run(fmt.Sprintf("%s/%d", cfg.mode, cfg.sector), func(t *testing.T) {
@@ -56,6 +57,7 @@ func TestQemuImg(t *testing.T) {
 }
 
 func TestQemuIO(t *testing.T) {
+	t.Parallel()
 	testtool.Need(t, "qemu-io", "qemu-utils")
 	for _, cfg := range clientConfigs {
 		t.Run(fmt.Sprintf("%s/%d", cfg.mode, cfg.sector), func(t *testing.T) {
@@ -109,6 +111,7 @@ func TestQemuIO(t *testing.T) {
 }
 
 func TestFio(t *testing.T) {
+	t.Parallel()
 	testtool.Need(t, "fio", "fio")
 	for _, cfg := range clientConfigs {
 		t.Run(fmt.Sprintf("%s/%d", cfg.mode, cfg.sector), func(t *testing.T) {

@@ -198,6 +198,7 @@ func killSeed(t *testing.T) uint64 {
 }
 
 func TestKill9DuringWrites(t *testing.T) {
+	t.Parallel()
 	testtool.Need(t, "nbdcopy", "libnbd-bin")
 	seed := killSeed(t)
 	t.Logf("seed %d (ELI_KILL_SEED=%d repeats it)", seed, seed)
@@ -207,7 +208,7 @@ func TestKill9DuringWrites(t *testing.T) {
 		size   string
 		rounds int
 	}{
-		{"xchacha20-poly1305", 4096, "16M", 10},
+		{"xchacha20-poly1305", 4096, "16M", 15},
 		{"xchacha20-poly1305", 512, "8M", 4},
 		{"aes-xts", 4096, "16M", 3},
 	} {

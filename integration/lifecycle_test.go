@@ -22,6 +22,7 @@ import (
 // In the other length-preserving modes a never-written sector decrypts whatever the
 // provider holds (as in geli and dm-crypt), so the data covers the whole export.
 func TestLifecycle(t *testing.T) {
+	t.Parallel()
 	testtool.Need(t, "nbdinfo", "libnbd-bin")
 	testtool.Need(t, "nbdcopy", "libnbd-bin")
 	for _, mode := range sector.Modes() {

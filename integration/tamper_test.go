@@ -47,6 +47,7 @@ func flipByte(t testing.TB, path string, off int64) {
 }
 
 func TestTamperSectors(t *testing.T) {
+	t.Parallel()
 	testtool.Need(t, "nbdcopy", "libnbd-bin")
 	for _, ss := range []int{512, 4096} {
 		t.Run(fmt.Sprint(ss), func(t *testing.T) {
@@ -128,6 +129,7 @@ func TestTamperSectors(t *testing.T) {
 // attach fails with a clear message, changes nothing, and `eli restore` from the backup
 // init wrote brings the volume back with its data.
 func TestTamperHeader(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		damage []string // "A", "B"

@@ -16,6 +16,7 @@ import (
 // the default mode (fresh nonce per write) and on AES-XTS (a block cipher, no keystream)
 // recover nothing.
 func TestUnsafeModeFlaw(t *testing.T) {
+	t.Parallel()
 	type tc struct {
 		mode      sector.Mode
 		recovered bool
