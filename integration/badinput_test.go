@@ -143,6 +143,7 @@ func TestBadProviders(t *testing.T) {
 // no server can use (or must not take).
 func TestBadCredentialsAndSockets(t *testing.T) {
 	t.Parallel()
+	testtool.Need(t, "nbdinfo", "libnbd-bin")
 	e := newEnv(t, false)
 	img := e.create(volume{name: "c.img", size: "16M"})
 	other := e.create(volume{name: "o.img", size: "16M"})
