@@ -126,7 +126,7 @@ func TestFio(t *testing.T) {
 			command(t, 2*time.Minute, "fio", "--name=eli", "--ioengine=nbd", "--uri="+uri,
 				"--rw=randwrite", "--bsrange=512-64k", "--iodepth=16",
 				fmt.Sprintf("--numjobs=%d", jobs), fmt.Sprintf("--size=%d", perJob), fmt.Sprintf("--offset_increment=%d", perJob),
-				"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--group_reporting",
+				"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0", "--group_reporting",
 				"--output-format=json", "--output="+report)
 			b, err := os.ReadFile(report)
 			if err != nil {
