@@ -37,6 +37,10 @@ const (
 
 // magic is "\x89ELI\r\n\x1a\n": the high byte and the line endings catch transfers that
 // mangle binary data, as PNG's signature does.
+// maxPlausibleVersion is the largest version number Decode reports as a newer format
+// rather than as corruption.
+const maxPlausibleVersion = 255
+
 var magic = [8]byte{0x89, 'E', 'L', 'I', '\r', '\n', 0x1a, '\n'}
 
 // Copy names one of the two header copies.
@@ -119,6 +123,11 @@ func decode(b []byte, where string) (*Header, error) {
 	}
 	le := binary.LittleEndian
 	if v := le.Uint32(b[offVersion:]); v != FormatVersion {
+		// A later format may move the checksum, so a small version number is taken at its
+		// word; a huge one next to a bad checksum is damage, not the future.
+		if sum := sha256.Sum256(b[:offChecksum]); v > maxPlausibleVersion && !bytes.Equal(sum[:], b[offChecksum:]) {
+			return nil, corrupt("checksum mismatch, and version field %d", v)
+		}
 		return nil, newError(ErrVersion, "eli header version %d%s is not supported (this eli reads version %d)", v, where, FormatVersion)
 	}
 	if n := le.Uint32(b[offLength:]); n != HeaderSize {

@@ -244,6 +244,11 @@ func TestReadErrors(t *testing.T) {
 			p.put(0, h)
 			p.put(copyB(p), h)
 		}, ErrVersion, "eli header version 2 at offset 0 is not supported"},
+		{"garbage after the magic", func(p *memProvider) {
+			junk := bytes.Repeat([]byte{0x83}, HeaderSize-len(magic))
+			p.put(int64(len(magic)), junk)
+			p.put(copyB(p)+int64(len(magic)), junk)
+		}, ErrCorrupt, "checksum mismatch, and version field"},
 		{"both corrupt", func(p *memProvider) {
 			p.put(300, []byte{0xff})
 			p.put(copyB(p)+300, []byte{0xff})
@@ -284,7 +289,7 @@ func TestReadErrors(t *testing.T) {
 		small := &memProvider{b: p.bytesAt(0, 1<<20)}
 		small.put(copyB(small), p.bytesAt(0, HeaderSize))
 		_, err := Read(small)
-		if !errors.Is(err, ErrTooSmall) || !strings.Contains(err.Error(), "does not fit the provider") {
+		if !errors.Is(err, ErrTooSmall) || !strings.Contains(err.Error(), "does not fit the provider (was it truncated or shrunk? it needs at least") {
 			t.Errorf("Read = %v, want ErrTooSmall", err)
 		}
 	})

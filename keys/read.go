@@ -52,7 +52,7 @@ func readCopies(p provider.Provider) ([2]copyRead, error) {
 		c.h, c.err = decode(c.raw, where(c.off))
 		if c.err == nil {
 			if err := c.h.Layout.Validate(size); err != nil {
-				c.err = newError(ErrTooSmall, "eli header copy%s does not fit the provider: %v", where(c.off), err)
+				c.err = newError(ErrTooSmall, "eli header copy%s does not fit the provider (was it truncated or shrunk? it needs at least %d bytes): %v", where(c.off), c.h.Layout.MinProviderSize(), err)
 			}
 		}
 		if c.err == nil {

@@ -267,11 +267,16 @@ func Plan(size int64, sectorSize int, mode sector.Mode, journalLen int64) (Layou
 	return l, l.Validate(size)
 }
 
-// MinProviderSize is the smallest provider that holds l's header region, journal, one
-// data sector and header copy B.
-func MinProviderSize(l Layout) int64 {
-	one := l
-	one.Sectors = 1
-	end := (one.End() + Align - 1) / Align * Align
+// MinProviderSize is the smallest provider that holds l: its header region, journal,
+// data area and header copy B.
+func (l Layout) MinProviderSize() int64 {
+	end := (l.End() + Align - 1) / Align * Align
 	return end + HeaderCopyLen
+}
+
+// MinProviderSize is the smallest provider that holds l's header region, journal, one
+// data sector and header copy B: below it, init refuses.
+func MinProviderSize(l Layout) int64 {
+	l.Sectors = 1
+	return l.MinProviderSize()
 }
