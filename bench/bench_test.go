@@ -102,6 +102,17 @@ func TestQuickRun(t *testing.T) {
 			}
 		}
 	}
+	if len(rep.Codecs) != 5 {
+		t.Errorf("eli bench gave %d rows, want one per eli mode: %+v", len(rep.Codecs), rep.Codecs)
+	}
+	for _, c := range rep.Codecs {
+		if c.SectorSize != 4096 || !(c.EncryptMBps > 0) || !(c.DecryptMBps > 0) || c.Threads < 1 {
+			t.Errorf("eli bench row %+v", c)
+		}
+	}
+	if !strings.Contains(text, "| xchacha20-poly1305 |") {
+		t.Errorf("the section lacks the codec table")
+	}
 	checkChart(t, filepath.Join(dir, "docs", "benchmarks.svg"), allTargets())
 }
 
@@ -338,12 +349,12 @@ func TestParseOptions(t *testing.T) {
 		targets int
 		wantErr string
 	}{
-		{nil, 1 << 30, 5, 10 * time.Second, 8, ""},
+		{nil, 1 << 30, 5, 5 * time.Second, 8, ""},
 		{[]string{"--quick"}, 64 << 20, 1, time.Second, 8, ""},
 		{[]string{"--quick", "--reps", "3"}, 64 << 20, 3, time.Second, 8, ""},
 		{[]string{"--size", "64M", "--reps", "1"}, 64 << 20, 1, time.Second, 8, ""},
-		{[]string{"--size", "512MiB"}, 512 << 20, 5, 10 * time.Second, 8, ""},
-		{[]string{"--targets", "eli-none, nbdkit-file"}, 1 << 30, 5, 10 * time.Second, 2, ""},
+		{[]string{"--size", "512MiB", "--runtime", "10s"}, 512 << 20, 5, 10 * time.Second, 8, ""},
+		{[]string{"--targets", "eli-none, nbdkit-file"}, 1 << 30, 5, 5 * time.Second, 2, ""},
 		{[]string{"--size", "1000"}, 0, 0, 0, 0, "whole number of MiB"},
 		{[]string{"--size", "1T"}, 0, 0, 0, 0, "not a size"},
 		{[]string{"--reps", "0"}, 0, 0, 0, 0, "--reps"},

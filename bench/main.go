@@ -85,7 +85,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	size := fs.String("size", "1G", "bytes each export holds and each sequential pass moves (K, M, G suffixes: powers of 1024)")
 	fs.IntVar(&o.reps, "reps", 5, "measured repetitions of every workload on every server (median reported)")
-	fs.DurationVar(&o.runtime, "runtime", 0, "length of each fio run (default: 10s, or 1s when --size is under 256M)")
+	fs.DurationVar(&o.runtime, "runtime", 0, "length of each fio run (default: 5s, or 1s when --size is under 256M)")
 	targets := fs.String("targets", strings.Join(allTargetNames(), ","), "comma-separated servers to measure")
 	fs.StringVar(&o.dir, "dir", "/dev/shm", "tmpfs directory for backing files, sockets and the source file")
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "Markdown file whose bench section is replaced (\"\" for none)")
@@ -125,7 +125,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--reps %d: need 1 to 100", o.reps)
 	}
 	if o.runtime == 0 {
-		o.runtime = 10 * time.Second
+		o.runtime = 5 * time.Second
 		if o.size < 256<<20 {
 			o.runtime = time.Second
 		}

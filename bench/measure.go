@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -48,6 +49,16 @@ func measureAll(ctx context.Context, o *options, log io.Writer) (*report, error)
 	}
 	rep := newReport(o, targets)
 	rep.Machine = describeMachine(ctx, w.eli)
+	if w.eli != "" {
+		// The codecs' ceiling on this machine, before any server runs.
+		d := "500ms"
+		if o.size < 256<<20 {
+			d = "50ms"
+		}
+		if rep.Codecs, err = codecBench(ctx, w.eli, d, targets); err != nil {
+			return nil, err
+		}
+	}
 
 	r := &runner{src: filepath.Join(dir, "source.img"), size: o.size, runtime: o.runtime}
 	if err := writeRandom(r.src, o.size); err != nil {
@@ -201,4 +212,30 @@ func writeRandom(path string, size int64) error {
 		}
 	}
 	return f.Close()
+}
+
+// codecBench runs eli bench for the eli targets' modes at 4096-byte sectors (the sector
+// size the eli volumes here use).
+func codecBench(ctx context.Context, eli, duration string, ts []target) ([]codecResult, error) {
+	args := []string{"bench", "--json", "--sector-size", "4096", "--duration", duration}
+	for _, t := range ts {
+		if t.kind == kindEli {
+			args = append(args, "--cipher", t.mode.String())
+		}
+	}
+	out, err := exec.CommandContext(ctx, eli, args...).Output()
+	if err != nil {
+		return nil, fmt.Errorf("eli %s: %w", strings.Join(args, " "), err)
+	}
+	var res struct {
+		Threads int           `json:"threads"`
+		Results []codecResult `json:"results"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		return nil, fmt.Errorf("eli bench --json: %w", err)
+	}
+	for i := range res.Results {
+		res.Results[i].Threads = res.Threads
+	}
+	return res.Results, nil
 }

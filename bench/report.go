@@ -23,6 +23,16 @@ type report struct {
 	Machine   machine         `json:"machine"`
 	Workloads []workload      `json:"workloads"`
 	Results   []*targetResult `json:"results"`
+	Codecs    []codecResult   `json:"codecs,omitempty"` // eli bench, same machine, same run
+}
+
+// codecResult is one row of eli bench --json.
+type codecResult struct {
+	Mode        string  `json:"mode"`
+	SectorSize  int     `json:"sector_size"`
+	EncryptMBps float64 `json:"encrypt_mbps"`
+	DecryptMBps float64 `json:"decrypt_mbps"`
+	Threads     int     `json:"threads"`
 }
 
 // targetResult is one server's measurements: per workload, one rate per repetition, and
@@ -267,6 +277,13 @@ func (r *report) markdown(chartRef string) string {
 			p(" %s |", number(t.cpuPer(wl)))
 		}
 		p("\n")
+	}
+	if len(r.Codecs) > 0 {
+		p("\nThe codecs alone (`eli bench --sector-size 4096`, %d threads, in memory, no I/O), the ceiling each eli mode sets:\n\n", r.Codecs[0].Threads)
+		p("| mode | encrypt MB/s | decrypt MB/s |\n|---|---:|---:|\n")
+		for _, c := range r.Codecs {
+			p("| %s | %s | %s |\n", c.Mode, number(c.EncryptMBps), number(c.DecryptMBps))
+		}
 	}
 	p("\nReproduce from the repository root: `%s`\n\n", r.Command)
 	p("%s\n", markEnd)
