@@ -47,6 +47,76 @@ func hchachaAVX2(st *[16]uint32, out *[8]uint32, rounds int)
 //go:noescape
 func hchachaAVX512(st *[16]uint32, out *[8]uint32, rounds int)
 
+// Batch HChaCha: n nonces (a positive multiple of 16, or of 8 for the other two) from
+// nonces into n 32-byte subkeys at out; st holds the constants and the key.
+
+//go:noescape
+func hchachaManyAVX512(st *[16]uint32, nonces, out *byte, n int, rounds int)
+
+//go:noescape
+func hchachaManyAVX512VL8(st *[16]uint32, nonces, out *byte, n int, rounds int)
+
+//go:noescape
+func hchachaManyAVX2(st *[16]uint32, nonces, out *byte, n int, rounds int)
+
+// hchachaManyEngine writes the HChaCha subkeys of the key in st (words 4..11) and the
+// len(nonces)/HNonceSize nonces into out (twice as long) with engine e. Whole groups of
+// lanes go straight through the kernel; a remainder of one nonce takes the one-nonce
+// kernel, and a larger one a padded kernel pass, which costs about what a full one does
+// (8 lanes for up to 8 nonces with AVX-512, 16 beyond).
+func hchachaManyEngine(e engine, st *[16]uint32, rounds int, nonces, out []byte) {
+	if e == engineGeneric {
+		hchachaManyGeneric(st, rounds, nonces, out)
+		return
+	}
+	wide := 8
+	if e == engineAVX512 {
+		wide = 16
+	}
+	n := len(nonces) / HNonceSize
+	if k := n - n%wide; k > 0 {
+		hchachaManyLanes(e, wide, st, &nonces[0], &out[0], k, rounds)
+		nonces, out, n = nonces[k*HNonceSize:], out[k*hSubkeySize:], n-k
+	}
+	switch {
+	case n == 0:
+	case n == 1:
+		hchachaOne(e, st, rounds, nonces, out)
+	default:
+		lanes := wide
+		if n <= 8 {
+			lanes = 8
+		}
+		var nb [16 * HNonceSize]byte
+		var ob [16 * hSubkeySize]byte
+		copy(nb[:], nonces)
+		hchachaManyLanes(e, lanes, st, &nb[0], &ob[0], lanes, rounds)
+		copy(out, ob[:n*hSubkeySize])
+		clear(ob[:])
+	}
+}
+
+// hchachaOne runs the one-nonce kernel of engine e on one nonce.
+func hchachaOne(e engine, st *[16]uint32, rounds int, nonce, out []byte) {
+	s := *st
+	setHNonce(&s, nonce)
+	sub := hchachaEngine(e, &s, rounds)
+	putSubkey(out, &sub)
+	clear(s[4:12])
+	clear(sub[:])
+}
+
+func hchachaManyLanes(e engine, lanes int, st *[16]uint32, nonces, out *byte, n, rounds int) {
+	switch {
+	case e == engineAVX2:
+		hchachaManyAVX2(st, nonces, out, n, rounds)
+	case lanes == 16:
+		hchachaManyAVX512(st, nonces, out, n, rounds)
+	default:
+		hchachaManyAVX512VL8(st, nonces, out, n, rounds)
+	}
+}
+
 func hchachaEngine(e engine, st *[16]uint32, rounds int) (out [8]uint32) {
 	switch e {
 	case engineAVX512:

@@ -13,3 +13,7 @@ func xorKeyStream(_ engine, st *[16]uint32, rounds int, ctr64 bool, dst, src []b
 func hchachaEngine(_ engine, st *[16]uint32, rounds int) [8]uint32 {
 	return hchachaGeneric(st, rounds)
 }
+
+func hchachaManyEngine(_ engine, st *[16]uint32, rounds int, nonces, out []byte) {
+	hchachaManyGeneric(st, rounds, nonces, out)
+}

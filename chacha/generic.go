@@ -97,3 +97,33 @@ func advanceState(st *[16]uint32, n uint64, ctr64 bool) {
 	c += n
 	st[12], st[13] = uint32(c), uint32(c>>32)
 }
+
+// hchachaManyGeneric is HChaCha for each 16-byte nonce in nonces, the key in st, one
+// after another into out.
+func hchachaManyGeneric(st *[16]uint32, rounds int, nonces, out []byte) {
+	s := *st
+	for len(nonces) >= HNonceSize {
+		setHNonce(&s, nonces)
+		sub := hchachaGeneric(&s, rounds)
+		putSubkey(out, &sub)
+		clear(sub[:])
+		nonces, out = nonces[HNonceSize:], out[hSubkeySize:]
+	}
+	clear(s[4:12])
+}
+
+// setHNonce puts a 16-byte HChaCha nonce into words 12..15.
+func setHNonce(st *[16]uint32, nonce []byte) {
+	_ = nonce[HNonceSize-1]
+	for i := 0; i < 4; i++ {
+		st[12+i] = binary.LittleEndian.Uint32(nonce[4*i:])
+	}
+}
+
+// putSubkey writes subkey words little-endian into out[:32].
+func putSubkey(out []byte, sub *[8]uint32) {
+	_ = out[hSubkeySize-1]
+	for i, v := range sub {
+		binary.LittleEndian.PutUint32(out[4*i:], v)
+	}
+}

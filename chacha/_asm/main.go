@@ -21,6 +21,10 @@
 //   - hchachaAVX2, hchachaAVX512: one HChaCha permutation with the state in four XMM
 //     rows (RFC 8439 §2.3's matrix), diagonalised with VPSHUFD. HChaCha is one long
 //     dependency chain; this form has no register spills, unlike scalar Go.
+//   - hchachaManyAVX512 (16 nonces in ZMM), hchachaManyAVX512VL8 (8 in YMM) and
+//     hchachaManyAVX2 (8): HChaCha for many nonces at once, one per lane, word-sliced
+//     like the block kernels (hchachamany.go). XChaCha over a run of disk sectors needs
+//     one subkey per sector; this makes them nearly free beside the keystream.
 //
 // Every kernel takes a byte count that is a multiple of its chunk (512 or 1024 bytes),
 // reads the starting block counter from st[12] (and st[13]) and never writes st. Block
@@ -91,6 +95,9 @@ func main() {
 	g.avx512VL8()
 	g.hchacha("hchachaAVX2", false)
 	g.hchacha("hchachaAVX512", true)
+	g.hchachaManyEVEX("hchachaManyAVX512", 16)
+	g.hchachaManyEVEX("hchachaManyAVX512VL8", 8)
+	g.hchachaManyAVX2("hchachaManyAVX2")
 	if err := os.WriteFile(*out, g.b.Bytes(), 0o644); err != nil {
 		log.Fatal(err)
 	}
@@ -226,39 +233,7 @@ func (g *gen) avx2() {
 		g.op("VMOVDQA %d(R9), Y14", avx2Input+32*i)
 		g.op("VMOVDQA Y14, %d(R9)", avx2C+32*(i-8))
 	}
-	g.op("MOVQ DX, R11")
-	g.line("avx2_round:")
-	rot := func(g *gen, r string, n, j int) {
-		switch n {
-		case 16:
-			g.op("VPSHUFB rot16<>(SB), %s, %s", r, r)
-		case 8:
-			g.op("VPSHUFB rot8<>(SB), %s, %s", r, r)
-		default:
-			t := reg("Y", 14+j)
-			g.op("VPSLLD $%d, %s, %s", n, r, t)
-			g.op("VPSRLD $%d, %s, %s", 32-n, r, r)
-			g.op("VPOR %s, %s, %s", t, r, r)
-		}
-	}
-	swap := func(out, in int) { // c words: store two, load two
-		g.op("VMOVDQA Y8, %d(R9)", avx2C+32*out)
-		g.op("VMOVDQA Y9, %d(R9)", avx2C+32*(out+1))
-		g.op("VMOVDQA %d(R9), Y8", avx2C+32*in)
-		g.op("VMOVDQA %d(R9), Y9", avx2C+32*(in+1))
-	}
-	// Column round: (0,4,8,12) (1,5,9,13) with x8, x9 in Y8, Y9; then (2,6,10,14)
-	// (3,7,11,15) with x10, x11. Diagonal round: (0,5,10,15) (1,6,11,12) still with x10,
-	// x11; then (2,7,8,13) (3,4,9,14) with x8, x9, which is where the next column round
-	// wants them.
-	g.rounds([]quarter{{"Y0", "Y4", "Y8", "Y10"}, {"Y1", "Y5", "Y9", "Y11"}}, "VPADDD", "VPXOR", rot)
-	swap(0, 2)
-	g.rounds([]quarter{{"Y2", "Y6", "Y8", "Y12"}, {"Y3", "Y7", "Y9", "Y13"}}, "VPADDD", "VPXOR", rot)
-	g.rounds([]quarter{{"Y0", "Y5", "Y8", "Y13"}, {"Y1", "Y6", "Y9", "Y10"}}, "VPADDD", "VPXOR", rot)
-	swap(2, 0)
-	g.rounds([]quarter{{"Y2", "Y7", "Y8", "Y11"}, {"Y3", "Y4", "Y9", "Y12"}}, "VPADDD", "VPXOR", rot)
-	g.op("DECQ R11")
-	g.op("JNZ avx2_round")
+	g.avx2Rounds("avx2_round", avx2C)
 
 	// Feed-forward, then park x8..x15 on the stack to free registers for the transpose.
 	for i := 0; i < 10; i++ {
@@ -302,6 +277,46 @@ func (g *gen) avx2() {
 	}
 	out(1)
 	g.advance("avx2_chunk", 8)
+}
+
+// avx2Rounds emits the AVX2 rounds loop over the word-sliced state in Y0..Y13 (DX double
+// rounds, counted in R11), with x8..x11 rotating through Y8, Y9 and four 32-byte stack
+// slots at cBase(R9). It enters and leaves with x8, x9 in Y8, Y9 and x10, x11 in the
+// slots at cBase+64 and cBase+96.
+func (g *gen) avx2Rounds(label string, cBase int) {
+	g.op("MOVQ DX, R11")
+	g.line("%s:", label)
+	rot := func(g *gen, r string, n, j int) {
+		switch n {
+		case 16:
+			g.op("VPSHUFB rot16<>(SB), %s, %s", r, r)
+		case 8:
+			g.op("VPSHUFB rot8<>(SB), %s, %s", r, r)
+		default:
+			t := reg("Y", 14+j)
+			g.op("VPSLLD $%d, %s, %s", n, r, t)
+			g.op("VPSRLD $%d, %s, %s", 32-n, r, r)
+			g.op("VPOR %s, %s, %s", t, r, r)
+		}
+	}
+	swap := func(out, in int) { // c words: store two, load two
+		g.op("VMOVDQA Y8, %d(R9)", cBase+32*out)
+		g.op("VMOVDQA Y9, %d(R9)", cBase+32*(out+1))
+		g.op("VMOVDQA %d(R9), Y8", cBase+32*in)
+		g.op("VMOVDQA %d(R9), Y9", cBase+32*(in+1))
+	}
+	// Column round: (0,4,8,12) (1,5,9,13) with x8, x9 in Y8, Y9; then (2,6,10,14)
+	// (3,7,11,15) with x10, x11. Diagonal round: (0,5,10,15) (1,6,11,12) still with x10,
+	// x11; then (2,7,8,13) (3,4,9,14) with x8, x9, which is where the next column round
+	// wants them.
+	g.rounds([]quarter{{"Y0", "Y4", "Y8", "Y10"}, {"Y1", "Y5", "Y9", "Y11"}}, "VPADDD", "VPXOR", rot)
+	swap(0, 2)
+	g.rounds([]quarter{{"Y2", "Y6", "Y8", "Y12"}, {"Y3", "Y7", "Y9", "Y13"}}, "VPADDD", "VPXOR", rot)
+	g.rounds([]quarter{{"Y0", "Y5", "Y8", "Y13"}, {"Y1", "Y6", "Y9", "Y10"}}, "VPADDD", "VPXOR", rot)
+	swap(2, 0)
+	g.rounds([]quarter{{"Y2", "Y7", "Y8", "Y11"}, {"Y3", "Y4", "Y9", "Y12"}}, "VPADDD", "VPXOR", rot)
+	g.op("DECQ R11")
+	g.op("JNZ %s", label)
 }
 
 // counterLanes emits the per-lane counters into lo (st[12]+i) and hi (st[13] plus the
