@@ -10,12 +10,24 @@ import (
 // Length-preserving modes (MetaSize 0): sector i is at D + i·S, there is no record, no
 // batch and no journal. Writes encrypt and go straight to the provider; Flush syncs. A
 // crash can tear a sector like on any plain disk (these modes promise no more).
+//
+// Whole sectors go to the codec a chunk (chunkSectors) at a time through
+// sector.Runner when the codec has it, as all of sector's length-preserving codecs do;
+// otherwise sector by sector.
 
 func (d *Device) plainReadSectors(dst []byte, first uint64, n int) error {
 	if _, err := d.p.ReadAt(dst, d.l.DataPos(first)); err != nil {
 		return fmt.Errorf("read sectors %d-%d: %w", first, first+uint64(n-1), err)
 	}
+	run, isRun := d.codec.(sector.Runner)
 	return d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+		if isRun {
+			chunk := dst[lo*d.s : hi*d.s]
+			if err := run.OpenRun(first+uint64(lo), chunk, chunk); err != nil {
+				return fmt.Errorf("read: %w", err)
+			}
+			return nil
+		}
 		for k := lo; k < hi; k++ {
 			if err := d.codec.Open(first+uint64(k), dst[k*d.s:(k+1)*d.s], nil); err != nil {
 				return fmt.Errorf("read: %w", err)
@@ -27,7 +39,13 @@ func (d *Device) plainReadSectors(dst []byte, first uint64, n int) error {
 
 // plainSeal encrypts n sectors of buf in place as sectors first….
 func (d *Device) plainSeal(buf []byte, first uint64, n int) {
+	run, isRun := d.codec.(sector.Runner)
 	d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+		if isRun {
+			chunk := buf[lo*d.s : hi*d.s]
+			run.SealRun(first+uint64(lo), chunk, chunk)
+			return nil
+		}
 		for k := lo; k < hi; k++ {
 			d.codec.Seal(first+uint64(k), buf[k*d.s:(k+1)*d.s], nil)
 		}
@@ -40,6 +58,15 @@ func (d *Device) plainWriteAt(p []byte, off int64, flags Flags) error {
 	defer d.putBuf(bp)
 	err := d.forSectors(p, off, func(p []byte, first uint64, n int) error {
 		buf := (*bp)[:len(p)]
+		if run, ok := d.codec.(sector.Runner); ok {
+			// Encrypt from the caller's buffer, which must stay as it is, a chunk at a time:
+			// a run lets xchacha*-xts derive its per-sector subkeys in batches.
+			d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+				run.SealRun(first+uint64(lo), buf[lo*d.s:hi*d.s], p[lo*d.s:hi*d.s])
+				return nil
+			})
+			return d.plainWriteSealed(buf, first, n)
+		}
 		if st, ok := d.codec.(sealerTo); ok {
 			// Encrypt from the caller's buffer, which must stay as it is, without a copy.
 			d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
