@@ -19,7 +19,7 @@ type machine struct {
 	MemoryMiB int64             `json:"memory_mib"`
 	Kernel    string            `json:"kernel"`
 	Go        string            `json:"go"`
-	Eli       string            `json:"eli"` // git describe of the tree eli was built from
+	Eli       string            `json:"eli"` // the measured binary's version (git describe when bench/run builds it)
 	Tools     map[string]string `json:"tools"`
 	LoadStart float64           `json:"load_start"` // 1-minute load average
 	LoadEnd   float64           `json:"load_end"`
@@ -32,7 +32,7 @@ func describeMachine(ctx context.Context, eliBin string) machine {
 		MemoryMiB: memInfo("MemTotal") >> 20,
 		Kernel:    strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
 		Go:        firstLine(command(ctx, "go", "version")),
-		Eli:       firstLine(command(ctx, "git", "describe", "--always", "--dirty")),
+		Eli:       eliVersion(ctx, eliBin),
 		Tools:     map[string]string{},
 		LoadStart: loadAverage(),
 	}
@@ -54,11 +54,23 @@ func describeMachine(ctx context.Context, eliBin string) machine {
 				}
 			}
 		}
+		out, _, _ = strings.Cut(out, " flags:") // cryptsetup lists its build flags
 		if v := firstLine(out); v != "" {
 			m.Tools[name] = v
 		}
 	}
 	return m
+}
+
+// eliVersion is what the measured binary says it is ("eli VERSION (...)"): bench/run
+// builds it with the tree's git describe; a binary given with --eli tells its own.
+func eliVersion(ctx context.Context, bin string) string {
+	if bin == "" {
+		return ""
+	}
+	v := strings.TrimPrefix(firstLine(command(ctx, bin, "version")), "eli ")
+	v, _, _ = strings.Cut(v, " (")
+	return v
 }
 
 func command(ctx context.Context, name string, args ...string) string {

@@ -188,7 +188,14 @@ func buildEli(ctx context.Context, dir string) (string, error) {
 	}
 	root := filepath.Dir(strings.TrimSpace(string(gomod)))
 	bin := filepath.Join(dir, "eli")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/eli")
+	desc := exec.CommandContext(ctx, "git", "describe", "--always", "--dirty")
+	desc.Dir = root
+	version, _ := desc.Output()
+	args := []string{"build", "-o", bin}
+	if v := strings.TrimSpace(string(version)); v != "" {
+		args = append(args, "-ldflags", "-X main.version="+v)
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/eli")...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build eli: %w\n%s", err, out)
