@@ -193,11 +193,11 @@ func (r *report) markdown(chartRef string) string {
 			tools = append(tools, v)
 		}
 	}
-	p("%s. One-minute load average %.2f at the start, %.2f at the end", strings.Join(tools, ", "), m.LoadStart, m.LoadEnd)
-	if m.LoadStart > 1 || m.LoadEnd > 1 {
+	p("%s. One-minute load average %.2f before the run", strings.Join(tools, ", "), m.LoadStart)
+	if m.LoadStart > 1 {
 		p(" (other work was running: figures taken under load)")
 	}
-	p(".\n\n")
+	p(", %.2f at its end (the run itself keeps both client and server busy).\n\n", m.LoadEnd)
 	p("Each export holds %s on tmpfs; %d measured repetition(s) after one warm-up pass, medians; fio ran %gs per run.\n\n",
 		sizeString(r.Size), r.Reps, r.RuntimeS)
 
