@@ -71,7 +71,7 @@ func TestQuickRun(t *testing.T) {
 		t.Errorf("the section was not printed")
 	}
 	checkTable(t, text, allTargets())
-	for _, want := range []string{"÷ qemu-nbd + LUKS", "÷ nbdkit luks", "÷ eli none", "Reproduce from the repository root: `bench/run --quick",
+	for _, want := range []string{"÷ qemu-nbd + LUKS", "÷ nbdkit luks", "÷ eli none", "Reproduce from the repository root: `bench/run --quick`",
 		"nbdkit 1.", "fio-", "qemu-nbd ", "(benchmarks.svg)"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the section lacks %q", want)
@@ -410,6 +410,25 @@ func TestEliProviderSize(t *testing.T) {
 			if over := float64(p-size) / float64(size); over > 0.011+float64(4<<20)/float64(size) {
 				t.Errorf("%s %d: provider %d is %.1f%% larger than needed", m, size, p, 100*over)
 			}
+		}
+	}
+}
+
+func TestReproduceCommand(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{nil, "bench/run"},
+		{[]string{"--size", "1G", "--reps", "5"}, "bench/run --size 1G --reps 5"},
+		{[]string{"--eli", "/tmp/x/eli", "--out=docs/b.md", "--json", "r.json", "--keep", "-check", "--quick"}, "bench/run --quick"},
+		{[]string{"--targets", "eli-none,nbdkit-file", "--dir", "/mnt/ram"}, "bench/run --targets eli-none,nbdkit-file"},
+		{[]string{"--out", ""}, "bench/run"},
+	}
+	for _, tc := range tests {
+		if got := reproduceCommand(&options{args: tc.args}); got != tc.want {
+			t.Errorf("%q: got %q, want %q", tc.args, got, tc.want)
 		}
 	}
 }

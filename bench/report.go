@@ -64,14 +64,22 @@ func newReport(o *options, ts []target) *report {
 	return r
 }
 
-// reproduceCommand is the command line, minus the options that only say where output goes.
+// reproduceCommand is the command line, minus the options that only say where output
+// goes or which binary to use, which another machine would not share.
 func reproduceCommand(o *options) string {
+	drop := map[string]bool{"out": true, "json": true, "chart": true, "eli": true, "dir": true} // take a value
+	flags := map[string]bool{"keep": true, "check": true}                                       // do not
 	parts := []string{"bench/run"}
-	for _, a := range o.args {
+	for k := 0; k < len(o.args); k++ {
+		a := o.args[k]
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && (drop[name] || flags[name]) {
+			if drop[name] && !hasValue {
+				k++ // its value
+			}
+			continue
+		}
 		parts = append(parts, shellQuote(a))
-	}
-	if len(o.args) == 0 {
-		parts = append(parts, "--size", fmt.Sprintf("%dM", o.size>>20), "--reps", fmt.Sprint(o.reps))
 	}
 	return strings.Join(parts, " ")
 }
