@@ -1,0 +1,181 @@
+package provider
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/elidisk/eli/internal/testtool"
+)
+
+func tempFile(t *testing.T, size int64) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "prov")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(p, size); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestFile(t *testing.T) {
+	t.Parallel()
+	path := tempFile(t, 1<<20)
+	p, err := Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.Size() != 1<<20 || p.IsBlockDevice() || p.Path() != path {
+		t.Fatalf("size %d, block %v, path %q", p.Size(), p.IsBlockDevice(), p.Path())
+	}
+	data := bytes.Repeat([]byte{0xa5}, 64<<10)
+	if _, err := p.WriteAt(data, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// Punch makes a range read as zeroes, leaving its neighbours and the size alone.
+	if err := p.Punch(8192, 16384); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if _, err := p.ReadAt(got, 4096); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Clone(data)
+	clear(want[4096 : 4096+16384])
+	if !bytes.Equal(got, want) {
+		t.Fatal("punch did not zero exactly its range")
+	}
+	if st, _ := os.Stat(path); st.Size() != 1<<20 {
+		t.Fatalf("punch changed the size to %d", st.Size())
+	}
+	if err := p.Punch(0, 0); err != nil {
+		t.Fatalf("empty punch: %v", err)
+	}
+}
+
+func TestExtend(t *testing.T) {
+	t.Parallel()
+	p, err := Open(tempFile(t, 1<<20), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Extend(4 << 20); err != nil || p.Size() != 4<<20 {
+		t.Fatalf("extend: %v, size %d", err, p.Size())
+	}
+	if err := p.Extend(4 << 20); err != nil {
+		t.Fatalf("extend to the same size: %v", err)
+	}
+	if err := p.Extend(1 << 20); err == nil || !strings.Contains(err.Error(), "shrink") {
+		t.Fatalf("shrink: %v, want a refusal", err)
+	}
+}
+
+func TestLock(t *testing.T) {
+	t.Parallel()
+	path := tempFile(t, 1<<20)
+	a, err := Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(path, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Lock(); !errors.Is(err, ErrInUse) {
+		t.Fatalf("second lock: %v, want ErrInUse", err)
+	}
+	a.Close() // releases the lock
+	if err := b.Lock(); err != nil {
+		t.Fatalf("lock after the holder closed: %v", err)
+	}
+}
+
+func TestFromFile(t *testing.T) {
+	t.Parallel()
+	path := tempFile(t, 12345)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := FromFile(f, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.Size() != 12345 || p.File() != f {
+		t.Fatalf("size %d", p.Size())
+	}
+}
+
+func TestRefusesOtherFiles(t *testing.T) {
+	t.Parallel()
+	if _, err := Open(t.TempDir(), true); err == nil {
+		t.Fatal("a directory was accepted as a provider")
+	}
+	if _, err := Open("/dev/null", true); err == nil || !strings.Contains(err.Error(), "neither a regular file nor a block device") {
+		t.Fatalf("a character device: %v", err)
+	}
+	if _, err := Open(filepath.Join(t.TempDir(), "missing"), true); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a missing file: %v", err)
+	}
+}
+
+// TestBlockDevice runs the block-device paths (size by ioctl, BLKZEROOUT, no Extend) on a
+// loop device.
+func TestBlockDevice(t *testing.T) {
+	testtool.NeedRoot(t)
+	losetup := testtool.Need(t, "losetup", "mount")
+	backing := tempFile(t, 8<<20)
+	if err := os.WriteFile(backing, bytes.Repeat([]byte{0x5a}, 8<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(losetup, "-f", "--show", backing).Output()
+	if err != nil {
+		testtool.Missing(t, "a free loop device ("+err.Error()+")")
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command(losetup, "-d", dev).Run() })
+
+	p, err := Open(dev, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if !p.IsBlockDevice() || p.Size() != 8<<20 {
+		t.Fatalf("block %v, size %d", p.IsBlockDevice(), p.Size())
+	}
+	if err := p.Punch(1<<20, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 128<<10)
+	if _, err := p.ReadAt(got, 1<<20-32<<10); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range got {
+		inside := i >= 32<<10 && i < 32<<10+64<<10
+		if (b == 0) != inside {
+			t.Fatalf("byte %d of the window is %#x after zeroing [1 MiB, +64 KiB)", i, b)
+		}
+	}
+	if err := p.Extend(16 << 20); err == nil {
+		t.Fatal("Extend of a block device did not refuse")
+	}
+	if err := p.Lock(); err != nil {
+		t.Fatal(err)
+	}
+}
