@@ -29,12 +29,14 @@ func cpuLoop(b *testing.B, size int, f func()) {
 // sector codec does: the one-shot entry points here, NewUnauthenticatedCipher plus
 // XORKeyStream for golang.org/x/crypto/chacha20. XChaCha includes its HChaCha.
 //
-// Per message, XChaCha20 stays about 14% slower than ChaCha20 at 4 KiB (e.g. 910 against
-// 790 cpu-ns/op on the AMD EPYC (AVX-512) this was written on) and much more at 512 B:
-// each message needs its own HChaCha20 first, 20 rounds on one state that form a single
-// chain of dependent operations (about 100 ns here), which no vector width can shorten;
-// only many nonces side by side can fill the lanes. That is what XORKeyStreamXMany does
-// for runs of sectors: see BenchmarkSectors, where XChaCha20 comes within a few percent.
+// Per message, XChaCha20 stays about 13% slower than ChaCha20 at 4 KiB (903 against 801
+// cpu-ns/op, median of 6 interleaved runs on the AVX-512 AMD EPYC this was measured on)
+// and 1.7× at 512 B (248 against 144): each message needs its own HChaCha20 first, 20
+// rounds on one state that form a single chain of dependent operations (about 100 ns
+// here), which no vector width can shorten; only many nonces side by side fill the
+// lanes. XORKeyStreamXMany does that for runs of sectors: in BenchmarkSectors XChaCha20
+// comes within 0–4% of ChaCha20 at 4 KiB, and about 10–14% at 512 B, where one subkey is
+// a ninth permutation beside the eight of the sector's keystream.
 func BenchmarkKeystream(b *testing.B) {
 	var key [KeySize]byte
 	var nonce [NonceSize]byte
