@@ -144,6 +144,11 @@ func TestRunMisuse(t *testing.T) {
 func TestRunNoAllocs(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	for _, m := range lengthPreserving() {
+		if allocsUnmeasurable != "" && (m == ModeAESXTS256 || m == ModeAESXTS128) {
+			// x/crypto/xts keeps its tweak buffers in a sync.Pool, which -race drops.
+			t.Logf("%s: %s", m, allocsUnmeasurable)
+			continue
+		}
 		run := newLPCodec(t, m, 512, seededKey(r, m)).(Runner)
 		buf := make([]byte, 128*512)
 		out := make([]byte, len(buf))
