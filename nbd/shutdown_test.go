@@ -53,7 +53,10 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 		shut <- srv.Shutdown(ctx)
 	}()
 	// Requests sent once the server is stopping are refused, not run, not dropped.
-	time.Sleep(50 * time.Millisecond)
+	// (Shutdown marks itself closing and stops every connection in one critical section.)
+	for !srv.closing() {
+		time.Sleep(time.Millisecond)
+	}
 	for h := uint64(100); h < 100+late; h++ {
 		rc.send(cmdWrite, 0, h, h*4096, 4096, pattern(4096, byte(h)))
 	}

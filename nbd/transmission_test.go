@@ -396,9 +396,12 @@ func TestInFlightBounds(t *testing.T) {
 		perConn, global     int
 		perConnBytes, bytes int64
 		wantPeak            int64 // requests at once the limits allow
+		perClient           int
+		hold                time.Duration // backend time per request
 	}{
-		{"count bound", 256 << 10, 4, 10, MaxRequest, MaxRequest, 10},
-		{"byte bound", 8 << 20, 16, 64, MaxRequest, MaxRequest + 8<<20, 5},
+		{"count bound", 256 << 10, 4, 10, MaxRequest, MaxRequest, 10, 12, 30 * time.Millisecond},
+		// 5 × 8 MiB must cross the socket while the first is held, even on a busy machine.
+		{"byte bound", 8 << 20, 16, 64, MaxRequest, MaxRequest + 8<<20, 5, 4, 250 * time.Millisecond},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -412,7 +415,7 @@ func TestInFlightBounds(t *testing.T) {
 				}
 				for p := peakBytes.Load(); b > p && !peakBytes.CompareAndSwap(p, b); p = peakBytes.Load() {
 				}
-				time.Sleep(30 * time.Millisecond)
+				time.Sleep(tc.hold)
 				cur.Add(-1)
 				curBytes.Add(-n)
 				return nil
@@ -424,7 +427,8 @@ func TestInFlightBounds(t *testing.T) {
 			srv.MaxBytes = tc.bytes
 			path := serveUnix(t, srv)
 
-			const clients, perClient = 3, 12
+			const clients = 3
+			perClient := tc.perClient
 			var wg sync.WaitGroup
 			for c := 0; c < clients; c++ {
 				wg.Add(1)
@@ -437,7 +441,7 @@ func TestInFlightBounds(t *testing.T) {
 					}
 					payload := pattern(tc.size, byte(c))
 					go func() {
-						for h := uint64(0); h < perClient; h++ {
+						for h := uint64(0); h < uint64(perClient); h++ {
 							if err := rc.send(cmdWrite, 0, h, (h%6)*uint64(tc.size), uint32(tc.size), payload); err != nil {
 								t.Error(err)
 								return
