@@ -70,12 +70,12 @@ func TestCounter64Carry(t *testing.T) {
 	key, nonce := make([]byte, 32), make([]byte, 8)
 	fill(r, key)
 	fill(r, nonce)
-	const start = 1<<32 - 21 // 21 blocks below, 59 above the boundary
+	const start uint64 = 1<<32 - 21 // 21 blocks below, 59 above the boundary
 	const blocks = 80
 	want := make([]byte, blocks*BlockSize)
 	ref := newCipher(t, 12, key, nonce).st
 	for i := 0; i < blocks; i++ {
-		ctr := uint64(start + i)
+		ctr := start + uint64(i)
 		ref[12], ref[13] = uint32(ctr), uint32(ctr>>32)
 		blockGeneric(&ref, 12, (*[BlockSize]byte)(want[i*BlockSize:]))
 	}
