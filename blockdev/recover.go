@@ -1,12 +1,10 @@
 package blockdev
 
 import (
-	"crypto/cipher"
 	"errors"
 	"fmt"
-	"reflect"
-	"unsafe"
 
+	"github.com/elidisk/eli/internal/wipe"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -105,19 +103,6 @@ func (d *Device) recover() error {
 // wipe zeroes the journal key inside the x/crypto AEAD (see sector's aead.go for why
 // reflection: the package offers no other way).
 func (j *journal) wipe() {
-	wipeAEADKey(j.aead)
+	wipe.AEADKey(j.aead)
 	j.aead = nil
-}
-
-func wipeAEADKey(a cipher.AEAD) bool {
-	v := reflect.ValueOf(a)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return false
-	}
-	f := v.Elem().FieldByName("key")
-	if !f.IsValid() || f.Kind() != reflect.Array || f.Type().Elem().Kind() != reflect.Uint8 {
-		return false
-	}
-	clear(unsafe.Slice((*byte)(unsafe.Pointer(f.UnsafeAddr())), f.Len()))
-	return true
 }

@@ -5,10 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
-	"reflect"
 	"sync"
-	"unsafe"
 
+	"github.com/elidisk/eli/internal/wipe"
 	"golang.org/x/crypto/chacha20poly1305"
 )
 
@@ -157,24 +156,8 @@ func (c *aeadCodec) Open(index uint64, buf, meta []byte) error {
 	return nil
 }
 
-// Wipe zeroes the key inside the x/crypto AEAD. That package offers no way to do it, so
-// this reaches its only field (key [32]byte) by reflection; wipeAEADKey reports whether
-// the field was found, and the tests fail if an x/crypto upgrade moves it.
+// Wipe zeroes the key inside the x/crypto AEAD (see package wipe for how).
 func (c *aeadCodec) Wipe() {
-	wipeAEADKey(c.aead)
+	wipe.AEADKey(c.aead)
 	c.aead = nil
-}
-
-func wipeAEADKey(a cipher.AEAD) bool {
-	v := reflect.ValueOf(a)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return false
-	}
-	f := v.Elem().FieldByName("key")
-	if !f.IsValid() || f.Kind() != reflect.Array || f.Type().Elem().Kind() != reflect.Uint8 {
-		return false
-	}
-	key := unsafe.Slice((*byte)(unsafe.Pointer(f.UnsafeAddr())), f.Len())
-	clear(key)
-	return true
 }
