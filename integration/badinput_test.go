@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/internal/testtool"
 	"github.com/elidisk/eli/nbdclient"
 )
@@ -39,13 +40,13 @@ func (e *env) dirState(dirs ...string) string {
 				e.t.Fatalf("walk %s: %v", p, err)
 			}
 			if de.Type().IsRegular() {
-				fmt.Fprintf(&b, "%s %x\n", p, fileHash(e.t, p))
+				fmt.Fprintf(&b, "%s %x\n", p, elitest.FileHash(e.t, p))
 			}
 			return nil
 		})
 	}
 	var names []string
-	for _, r := range e.list() {
+	for _, r := range e.List() {
 		names = append(names, r.Name+" "+r.Socket)
 	}
 	slices.Sort(names)
@@ -56,12 +57,12 @@ func (e *env) dirState(dirs ...string) string {
 func (e *env) runBad(cases []badCase) {
 	e.t.Helper()
 	for _, c := range cases {
-		before := e.dirState(e.dir)
-		r := e.fails(c.want, c.args...)
-		if r.code != 1 {
-			e.t.Errorf("%s: exit %d, want 1 (an operational error): %v", c.name, r.code, r)
+		before := e.dirState(e.Dir)
+		r := e.Fails(c.want, c.args...)
+		if r.Code != 1 {
+			e.t.Errorf("%s: exit %d, want 1 (an operational error): %v", c.name, r.Code, r)
 		}
-		if after := e.dirState(e.dir); after != before {
+		if after := e.dirState(e.Dir); after != before {
 			e.t.Errorf("%s changed the disk or the attached volumes:\nbefore:\n%s\nafter:\n%s", c.name, before, after)
 		}
 	}
@@ -81,28 +82,28 @@ func TestBadProviders(t *testing.T) {
 	if err := os.Truncate(shrunk, 8<<20); err != nil {
 		t.Fatal(err)
 	}
-	small := e.path("small.img")
+	small := e.Path("small.img")
 	if err := os.WriteFile(small, make([]byte, 64<<10), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	empty := e.path("zero.img")
+	empty := e.Path("zero.img")
 	if err := os.WriteFile(empty, nil, 0o600); err != nil || os.Truncate(empty, 16<<20) != nil {
 		t.Fatalf("create %s: %v", empty, err)
 	}
-	ext4 := e.path("ext4.img")
+	ext4 := e.Path("ext4.img")
 	if err := os.WriteFile(ext4, nil, 0o600); err != nil || os.Truncate(ext4, 16<<20) != nil {
 		t.Fatalf("create %s: %v", ext4, err)
 	}
 	command(t, time.Minute, "mkfs.ext4", "-q", "-F", ext4)
-	qcow := e.path("disk.qcow2")
+	qcow := e.Path("disk.qcow2")
 	command(t, time.Minute, "qemu-img", "create", "-q", "-f", "qcow2", qcow, "16M")
-	luks := e.path("luks.img")
+	luks := e.Path("luks.img")
 	if err := os.WriteFile(luks, nil, 0o600); err != nil || os.Truncate(luks, 32<<20) != nil {
 		t.Fatalf("create %s: %v", luks, err)
 	}
 	// Cheap PBKDF: the header's content is all that matters here.
 	command(t, time.Minute, "cryptsetup", "luksFormat", "-q", "--type", "luks2", "--pbkdf", "pbkdf2",
-		"--pbkdf-force-iterations", "1000", "--key-file", e.pass, luks)
+		"--pbkdf-force-iterations", "1000", "--key-file", e.Pass, luks)
 
 	hdr := make([]byte, 4096)
 	if f, err := os.Open(luks); err != nil {
@@ -112,24 +113,24 @@ func TestBadProviders(t *testing.T) {
 	} else {
 		f.Close()
 	}
-	lukshdr := e.path("luks.backup")
+	lukshdr := e.Path("luks.backup")
 	if err := os.WriteFile(lukshdr, hdr, 0o600); err != nil {
 		t.Fatal(err)
 	}
 
-	attach := func(p string) []string { return []string{"attach", "--passphrase-file", e.pass, p} }
+	attach := func(p string) []string { return []string{"attach", "--passphrase-file", e.Pass, p} }
 	e.runBad([]badCase{
 		{"attach of a shrunk provider", attach(shrunk), "does not fit the provider"},
-		{"setkey on a shrunk provider", append([]string{"setkey", "--passphrase-file", e.pass, "--new-passphrase-file", e.pass}, append(quickKDF, shrunk)...), "does not fit the provider"},
-		{"init of an existing provider too small", append([]string{"init", "--passphrase-file", e.pass}, append(quickKDF, small)...), "provider too small"},
-		{"init --sector-size 65536 of a 64 KiB provider", append([]string{"init", "--sector-size", "65536", "--passphrase-file", e.pass}, append(quickKDF, small)...), "provider too small"},
+		{"setkey on a shrunk provider", append([]string{"setkey", "--passphrase-file", e.Pass, "--new-passphrase-file", e.Pass}, append(elitest.QuickKDF, shrunk)...), "does not fit the provider"},
+		{"init of an existing provider too small", append([]string{"init", "--passphrase-file", e.Pass}, append(elitest.QuickKDF, small)...), "provider too small"},
+		{"init --sector-size 65536 of a 64 KiB provider", append([]string{"init", "--sector-size", "65536", "--passphrase-file", e.Pass}, append(elitest.QuickKDF, small)...), "provider too small"},
 		{"attach of an all-zero provider", attach(empty), "not an eli provider"},
 		{"attach of an ext4 filesystem", attach(ext4), "not an eli provider"},
 		{"attach of a qcow2 image", attach(qcow), "not an eli provider"},
 		{"attach of a LUKS2 volume", attach(luks), "LUKS"},
 		{"restore of a LUKS header as a backup", []string{"restore", lukshdr, shrunk}, "no eli header"},
-		{"attach of a directory", attach(e.dir), "is a directory"},
-		{"attach of a missing provider", attach(e.path("missing.img")), "no such file"},
+		{"attach of a directory", attach(e.Dir), "is a directory"},
+		{"attach of a missing provider", attach(e.Path("missing.img")), "no such file"},
 		{"detach of a provider that is not attached", []string{"detach", shrunk}, "is not attached"},
 	})
 	for _, p := range []string{ext4, qcow, luks} {
@@ -147,24 +148,24 @@ func TestBadCredentialsAndSockets(t *testing.T) {
 	e := newEnv(t, false)
 	img := e.create(volume{name: "c.img", size: "16M"})
 	other := e.create(volume{name: "o.img", size: "16M"})
-	key := e.write("key", "a keyfile the volume never saw")
-	notSocket := e.write("not-a-socket", "must survive")
-	otherURI := e.attach(other)
+	key := e.Write("key", "a keyfile the volume never saw")
+	notSocket := e.Write("not-a-socket", "must survive")
+	otherURI := e.Attach(other)
 
 	// unix(7): sun_path holds 108 bytes with the terminating NUL; clients cannot connect
 	// to a longer path, so a server must not claim to listen there.
-	long := filepath.Join(e.dir, strings.Repeat("s", 110)+".sock")
+	long := filepath.Join(e.Dir, strings.Repeat("s", 110)+".sock")
 	attach := func(extra ...string) []string {
-		return append(append([]string{"attach", "--passphrase-file", e.pass}, extra...), img)
+		return append(append([]string{"attach", "--passphrase-file", e.Pass}, extra...), img)
 	}
 	e.runBad([]badCase{
 		{"an extra keyfile", attach("--keyfile", key), "wrong passphrase or keyfile"},
 		{"an empty keyslot", attach("--slot", "3"), "keyslot 3 is empty"},
-		{"a missing passphrase file", []string{"attach", "--passphrase-file", e.path("nope"), img}, "no such file"},
-		{"a missing keyfile", attach("--keyfile", e.path("nokey")), "no such file"},
-		{"a socket in a missing directory", attach("--socket", e.path("no/dir/c.sock")), "no such file or directory"},
+		{"a missing passphrase file", []string{"attach", "--passphrase-file", e.Path("nope"), img}, "no such file"},
+		{"a missing keyfile", attach("--keyfile", e.Path("nokey")), "no such file"},
+		{"a socket in a missing directory", attach("--socket", e.Path("no/dir/c.sock")), "no such file or directory"},
 		{"a socket path that is a regular file", attach("--socket", notSocket), "not a socket"},
-		{"another server's live socket", attach("--socket", socketOf(otherURI)), "already listening"},
+		{"another server's live socket", attach("--socket", elitest.SocketOf(otherURI)), "already listening"},
 		{"a socket path longer than unix sockets allow", attach("--socket", long), "too long"},
 	})
 	// The other server kept its socket and serves.
@@ -180,10 +181,10 @@ func TestBadInputWhileAttached(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false)
 	img := e.create(volume{name: "busy.img", size: "16M"})
-	backup := e.path("busy.backup")
-	e.ok("backup", img, backup)
-	uri := e.attach(img)
-	c, err := nbdclient.Dial("unix", socketOf(uri), "")
+	backup := e.Path("busy.backup")
+	e.OK("backup", img, backup)
+	uri := e.Attach(img)
+	c, err := nbdclient.Dial("unix", elitest.SocketOf(uri), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,13 +197,13 @@ func TestBadInputWhileAttached(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p := e.pass
+	p := e.Pass
 	e.runBad([]badCase{
 		{"a second attach", []string{"attach", "--passphrase-file", p, img}, "already attached"},
 		{"a second attach under another name", []string{"attach", "--passphrase-file", p, "--name", "other", img}, "in use"},
-		{"a second attach on the same socket", []string{"attach", "--passphrase-file", p, "--name", "other", "--socket", socketOf(uri), img}, "in use"},
-		{"init --force", append([]string{"init", "--force", "--passphrase-file", p}, append(quickKDF, img)...), "in use"},
-		{"setkey", append([]string{"setkey", "--passphrase-file", p, "--new-passphrase-file", p}, append(quickKDF, img)...), "in use"},
+		{"a second attach on the same socket", []string{"attach", "--passphrase-file", p, "--name", "other", "--socket", elitest.SocketOf(uri), img}, "in use"},
+		{"init --force", append([]string{"init", "--force", "--passphrase-file", p}, append(elitest.QuickKDF, img)...), "in use"},
+		{"setkey", append([]string{"setkey", "--passphrase-file", p, "--new-passphrase-file", p}, append(elitest.QuickKDF, img)...), "in use"},
 		{"delkey", []string{"delkey", "--force", "--slot", "0", img}, "in use"},
 		{"kill", []string{"kill", "--yes", img}, "in use"},
 		{"restore", []string{"restore", backup, img}, "in use"},

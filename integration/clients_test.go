@@ -33,23 +33,23 @@ func TestQemuImg(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, true)
 			img := e.create(volume{name: "q.img", size: "48M", mode: cfg.mode, sector: cfg.sector})
-			uri := e.attach(img)
+			uri := e.Attach(img)
 			size := nbdInfo(t, uri).Size
 			// The source fills the export: qemu-img compare checks a larger image's tail
 			// for zeroes, which never-written sectors are not in length-preserving modes.
-			src := e.path("src.raw")
+			src := e.Path("src.raw")
 			randomFile(t, src, size, size, uint64(size)+uint64(cfg.sector))
 
 			command(t, 2*time.Minute, "qemu-img", "convert", "-n", "-W", "-m", "4", "-f", "raw", "-O", "raw", src, uri)
 			command(t, time.Minute, "qemu-img", "compare", "-f", "raw", "-F", "raw", src, uri)
-			out := e.path("out.qcow2")
+			out := e.Path("out.qcow2")
 			command(t, 2*time.Minute, "qemu-img", "convert", "-m", "4", "-f", "raw", "-O", "qcow2", uri, out)
 			e.detach("q.img")
 
 			// The copy out is compared after detach, and against a re-attached volume:
 			// what qemu-img wrote was committed.
 			command(t, time.Minute, "qemu-img", "compare", "-f", "qcow2", "-F", "raw", out, src)
-			uri = e.attach(img, "--readonly")
+			uri = e.Attach(img, "--readonly")
 			command(t, time.Minute, "qemu-img", "compare", "-f", "raw", "-F", "raw", uri, src)
 			e.detach("q.img")
 		})
@@ -64,7 +64,7 @@ func TestQemuIO(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, false)
 			img := e.create(volume{name: "io.img", size: "32M", mode: cfg.mode, sector: cfg.sector})
-			uri := e.attach(img)
+			uri := e.Attach(img)
 			script := []string{
 				"write -P 0xa5 1M 3M", "flush",
 				"discard 1M 1M", // NBD_CMD_TRIM
@@ -98,7 +98,7 @@ func TestQemuIO(t *testing.T) {
 			e.detach("io.img")
 
 			// After detach and attach, what was flushed is there.
-			uri = e.attach(img, "--readonly")
+			uri = e.Attach(img, "--readonly")
 			out = command(t, time.Minute, "qemu-io", "-r", "-f", "raw", uri,
 				"-c", "read -P 0xa5 2112k 1984k", "-c", "read -P 0 2M 64k", "-c", "read -P 0x3c 4097 10000",
 				"-c", "read -P 0x11 8M 512k", "-c", "read -P 0x22 9M 512k")
@@ -118,9 +118,9 @@ func TestFio(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, false)
 			img := e.create(volume{name: "fio.img", size: "48M", mode: cfg.mode, sector: cfg.sector})
-			uri := e.attach(img)
+			uri := e.Attach(img)
 			const jobs, perJob = 4, 8 << 20
-			report := filepath.Join(e.dir, "fio.json")
+			report := filepath.Join(e.Dir, "fio.json")
 			// 4 jobs: 4 NBD connections at once, each in its own 8 MiB region; block sizes
 			// from 512 bytes to 64 KiB, so most writes are partial sectors or span several.
 			command(t, 2*time.Minute, "fio", "--name=eli", "--ioengine=nbd", "--uri="+uri,

@@ -16,7 +16,7 @@ import (
 func TestDDBench(t *testing.T) {
 	needBlockTools(t)
 	e := newEnv(t, true)
-	out, err := commandErr(5*time.Minute, "./ddbench", "-s", "8", "-e", eliBin, "-d", e.dir)
+	out, err := commandErr(5*time.Minute, "./ddbench", "-s", "8", "-e", eliBin, "-d", e.Dir)
 	if err != nil {
 		t.Fatalf("ddbench: %v\n%s", err, out)
 	}
@@ -63,7 +63,7 @@ func TestDDBench(t *testing.T) {
 		t.Errorf("rows for unknown modes: %v", rows)
 	}
 	// The script's work directory is gone, and with it every loop device on it.
-	if out, _ := exec.Command("losetup", "--list", "--noheadings", "--output", "BACK-FILE").Output(); strings.Contains(string(out), e.dir) {
+	if out, _ := exec.Command("losetup", "--list", "--noheadings", "--output", "BACK-FILE").Output(); strings.Contains(string(out), e.Dir) {
 		t.Errorf("ddbench left loop devices behind:\n%s", out)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/internal/testtool"
 	"github.com/elidisk/eli/nbdclient"
 )
@@ -220,9 +221,9 @@ func TestKill9DuringWrites(t *testing.T) {
 			l := e.dumpLayout(img)
 			m := newCrashModel(l.N, l.S)
 			for round := 0; round <= cfg.rounds; round++ {
-				uri := e.attach(img)
+				uri := e.Attach(img)
 				if round == 0 {
-					c, err := nbdclient.Dial("unix", socketOf(uri), "")
+					c, err := nbdclient.Dial("unix", elitest.SocketOf(uri), "")
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -231,8 +232,8 @@ func TestKill9DuringWrites(t *testing.T) {
 					e.detach("k.img")
 					continue
 				}
-				pid := e.attached("k.img").Pid
-				c, err := nbdclient.Dial("unix", socketOf(uri), "")
+				pid := e.Attached("k.img").Pid
+				c, err := nbdclient.Dial("unix", elitest.SocketOf(uri), "")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -254,8 +255,8 @@ func TestKill9DuringWrites(t *testing.T) {
 				e.waitGone(t, "k.img", pid)
 				t.Logf("round %d: killed after %v: %s", round, delay, summary)
 
-				uri = e.attach(img)
-				c, err = nbdclient.Dial("unix", socketOf(uri), "")
+				uri = e.Attach(img)
+				c, err = nbdclient.Dial("unix", elitest.SocketOf(uri), "")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -280,7 +281,7 @@ func (e *env) waitGone(t *testing.T, name string, pid int) {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		found := false
-		for _, r := range e.list() {
+		for _, r := range e.List() {
 			found = found || r.Name == name
 		}
 		if !found {

@@ -24,7 +24,7 @@ const recordSize = 40
 // dumpLayout runs `eli dump` on provider and reads the layout from its output.
 func (e *env) dumpLayout(provider string) layout {
 	e.t.Helper()
-	out := e.ok("dump", provider).stdout
+	out := e.OK("dump", provider).Stdout
 	field := func(name string) string {
 		for _, line := range strings.Split(out, "\n") {
 			if v, ok := strings.CutPrefix(line, name+":"); ok {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/internal/testtool"
 	"github.com/elidisk/eli/sector"
 )
@@ -52,7 +53,7 @@ func lifecycle(t *testing.T, mode sector.Mode, ss int, data int64) {
 		t.Fatalf("%s: journal length %d, but authenticated is %v", mode, l.J, mode.Authenticated())
 	}
 
-	uri := e.attach(img)
+	uri := e.Attach(img)
 	info := nbdInfo(t, uri)
 	switch {
 	case info.Size != l.size():
@@ -74,7 +75,7 @@ func lifecycle(t *testing.T, mode sector.Mode, ss int, data int64) {
 	h := fnv.New64a()
 	h.Write([]byte(t.Name()))
 	seed := h.Sum64()
-	src := e.path("src")
+	src := e.Path("src")
 	want := randomFile(t, src, data, info.Size, seed)
 	// No --flush: detach must commit what the client wrote without asking.
 	nbdcopyIn(t, src, uri)
@@ -91,14 +92,14 @@ func lifecycle(t *testing.T, mode sector.Mode, ss int, data int64) {
 	}
 	check("before detach")
 	e.detach("v.img")
-	if recs := e.list(); len(recs) != 0 {
+	if recs := e.List(); len(recs) != 0 {
 		t.Fatalf("eli list after detach: %+v", recs)
 	}
-	if _, err := os.Stat(socketOf(uri)); !os.IsNotExist(err) {
-		t.Fatalf("socket %s after detach: %v", socketOf(uri), err)
+	if _, err := os.Stat(elitest.SocketOf(uri)); !os.IsNotExist(err) {
+		t.Fatalf("socket %s after detach: %v", elitest.SocketOf(uri), err)
 	}
 
-	uri = e.attach(img)
+	uri = e.Attach(img)
 	check("after detach and attach")
 	e.detach("v.img")
 }

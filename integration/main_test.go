@@ -3,9 +3,10 @@ package integration
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/elidisk/eli/internal/elitest"
 )
 
 // eliBin is the eli binary under test, built once per run from this checkout.
@@ -35,10 +36,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	eliBin = filepath.Join(dir, "eli")
-	build := exec.Command("go", "build", "-o", eliBin, "../cmd/eli")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build eli: %v\n%s", err, out)
+	if eliBin, err = elitest.Build(dir, "../cmd/eli"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}

@@ -32,7 +32,7 @@ func TestMountExt4(t *testing.T) {
 			e := newEnv(t, true)
 			img := e.create(volume{name: "fs.img", size: "128M", mode: cfg.mode, sector: cfg.sector})
 
-			uri := e.attach(img)
+			uri := e.Attach(img)
 			dev, undoDev := e.blockDevice(uri, cfg.sector)
 			command(t, time.Minute, "mkfs.ext4", "-q", "-F", dev)
 			dir, undoMount := e.mount(dev)
@@ -42,7 +42,7 @@ func TestMountExt4(t *testing.T) {
 			undoDev()
 			e.detach("fs.img")
 
-			uri = e.attach(img)
+			uri = e.Attach(img)
 			dev, undoDev = e.blockDevice(uri, cfg.sector)
 			dir, undoMount = e.mount(dev, "-o", "ro")
 			got := readTree(t, dir)

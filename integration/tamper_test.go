@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/internal/testtool"
 )
 
@@ -64,7 +65,7 @@ func TestTamperSectors(t *testing.T) {
 			for i := int64(0); i < written; i++ {
 				all = append(all, sectorContent(i, l.S)...)
 			}
-			uri := e.attach(img)
+			uri := e.Attach(img)
 			pythonNBD(t, all, "pwrite", uri, "0")
 			e.detach("t.img") // no cached metadata may hide the damage
 
@@ -74,7 +75,7 @@ func TestTamperSectors(t *testing.T) {
 			flipByte(t, img, l.dataAt(t, dataSec)+100)
 			flipByte(t, img, l.recordAt(t, recSec)+30) // inside the Poly1305 tag
 
-			uri = e.attach(img)
+			uri = e.Attach(img)
 			probe := []int64{0, dataSec - 1, dataSec, dataSec + 1, recSec - 1, recSec, recSec + 1, R - 1, R, 2 * R, written - 1, written}
 			check := func(when string) {
 				t.Helper()
@@ -97,7 +98,7 @@ func TestTamperSectors(t *testing.T) {
 			}
 			check("first read")
 			// The server is still up and answers a new connection the same way.
-			if rec := e.attached("t.img"); rec.Pid <= 0 {
+			if rec := e.Attached("t.img"); rec.Pid <= 0 {
 				t.Fatalf("server record without a pid: %+v", rec)
 			}
 			check("second connection")
@@ -141,10 +142,10 @@ func TestTamperHeader(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, false)
-			backup := e.path("h.backup")
+			backup := e.Path("h.backup")
 			img := e.create(volume{name: "h.img", size: "16M", extra: []string{"--backup", backup}})
 			data := bytes.Repeat([]byte("precious data. "), 70000) // about 1 MiB
-			uri := e.attach(img)
+			uri := e.Attach(img)
 			pythonNBD(t, data, "pwrite", uri, "4096")
 			e.detach("h.img")
 
@@ -162,7 +163,7 @@ func TestTamperHeader(t *testing.T) {
 			}
 			readBack := func() {
 				t.Helper()
-				uri := e.attach(img)
+				uri := e.Attach(img)
 				if got := pythonNBD(t, nil, "pread", uri, "4096", fmt.Sprint(len(data))); got != string(data) {
 					t.Fatal("data read back differs from what was written")
 				}
@@ -170,11 +171,11 @@ func TestTamperHeader(t *testing.T) {
 			}
 
 			if len(tc.damage) == 1 {
-				r := e.run("", "attach", "--passphrase-file", e.pass, img)
-				if r.code != 0 {
+				r := e.Run("", "attach", "--passphrase-file", e.Pass, img)
+				if r.Code != 0 {
 					t.Fatalf("attach with one good header copy: %v", r)
 				}
-				if !strings.Contains(r.stderr, "warning") || !strings.Contains(r.stderr, "corrupt") {
+				if !strings.Contains(r.Stderr, "warning") || !strings.Contains(r.Stderr, "corrupt") {
 					t.Fatalf("attach with a damaged header copy does not warn: %v", r)
 				}
 				e.detach("h.img")
@@ -182,17 +183,17 @@ func TestTamperHeader(t *testing.T) {
 				return
 			}
 
-			before := fileHash(t, img)
-			r := e.fails("corrupt", "attach", "--passphrase-file", e.pass, img)
-			if !strings.Contains(r.stderr, "eli restore") {
+			before := elitest.FileHash(t, img)
+			r := e.Fails("corrupt", "attach", "--passphrase-file", e.Pass, img)
+			if !strings.Contains(r.Stderr, "eli restore") {
 				t.Errorf("the error does not point to eli restore: %v", r)
 			}
-			if fileHash(t, img) != before {
+			if elitest.FileHash(t, img) != before {
 				t.Fatal("failed attach changed the provider")
 			}
-			e.ok("restore", backup, img)
-			r = e.ok("attach", "--passphrase-file", e.pass, img)
-			if strings.Contains(r.stderr, "warning") {
+			e.OK("restore", backup, img)
+			r = e.OK("attach", "--passphrase-file", e.Pass, img)
+			if strings.Contains(r.Stderr, "warning") {
 				t.Errorf("attach after restore still warns: %v", r)
 			}
 			e.detach("h.img")

@@ -36,7 +36,7 @@ func TestUnsafeModeFlaw(t *testing.T) {
 			e := newEnv(t, false)
 			img := e.create(volume{name: "u.img", size: "16M", mode: c.mode.String()})
 			l := e.dumpLayout(img)
-			uri := e.attach(img)
+			uri := e.Attach(img)
 			// Sector 150 lies in the second group of the authenticated layout (102 records
 			// per group at 4096), so the group arithmetic is exercised too.
 			const i = 150

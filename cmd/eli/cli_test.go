@@ -6,17 +6,16 @@ package main
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/nbdclient"
 )
 
@@ -28,9 +27,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	eliBin = filepath.Join(dir, "eli")
-	if out, err := exec.Command("go", "build", "-o", eliBin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build eli: %v\n%s", err, out)
+	if eliBin, err = elitest.Build(dir, "."); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -40,124 +38,28 @@ func TestMain(m *testing.M) {
 
 // env is one test's world: a directory, a state directory and a passphrase file.
 type env struct {
-	t     *testing.T
-	dir   string
-	state string
-	pass  string
+	*elitest.CLI
+	t *testing.T
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	dir := t.TempDir()
-	e := &env{t: t, dir: dir, state: filepath.Join(dir, "state"), pass: filepath.Join(dir, "pass")}
-	e.write("pass", "correct horse battery staple\n")
-	t.Cleanup(e.detachAll)
-	return e
+	return &env{CLI: elitest.New(t, eliBin, dir, filepath.Join(dir, "state")), t: t}
 }
-
-func (e *env) path(name string) string { return filepath.Join(e.dir, name) }
-
-func (e *env) write(name, content string) string {
-	e.t.Helper()
-	p := e.path(name)
-	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return p
-}
-
-type result struct {
-	code           int
-	stdout, stderr string
-}
-
-func (r result) String() string {
-	return fmt.Sprintf("exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
-}
-
-// run runs eli with args (and stdin), in the env's state directory.
-func (e *env) run(stdin string, args ...string) result {
-	e.t.Helper()
-	cmd := exec.Command(eliBin, args...)
-	cmd.Dir = e.dir
-	cmd.Env = append(os.Environ(), "ELI_STATE_DIR="+e.state)
-	cmd.Stdin = strings.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		e.t.Fatal(err)
-	}
-	return result{code, out.String(), errb.String()}
-}
-
-// ok runs eli and fails the test unless it exits 0.
-func (e *env) ok(args ...string) result {
-	e.t.Helper()
-	r := e.run("", args...)
-	if r.code != 0 {
-		e.t.Fatalf("eli %s: %v", strings.Join(args, " "), r)
-	}
-	return r
-}
-
-// fails runs eli, expects exit code, one line on stderr containing want.
-func (e *env) fails(code int, want string, args ...string) result {
-	e.t.Helper()
-	r := e.run("", args...)
-	if r.code != code {
-		e.t.Fatalf("eli %s: want exit %d: %v", strings.Join(args, " "), code, r)
-	}
-	if !strings.Contains(r.stderr, want) {
-		e.t.Fatalf("eli %s: stderr lacks %q: %v", strings.Join(args, " "), want, r)
-	}
-	if lines := strings.Count(strings.TrimSpace(r.stderr), "\n") + 1; lines != 1 {
-		e.t.Fatalf("eli %s: want one line on stderr, got %d: %v", strings.Join(args, " "), lines, r)
-	}
-	return r
-}
-
-// quickKDF keeps Argon2 cheap in tests; real volumes calibrate to about a second.
-var quickKDF = []string{"--kdf-time", "1", "--kdf-memory", "8", "--kdf-threads", "1"}
 
 func (e *env) initVolume(name, size string, extra ...string) string {
 	e.t.Helper()
-	p := e.path(name)
-	args := append([]string{"init", "--size", size, "--passphrase-file", e.pass}, quickKDF...)
-	e.ok(append(append(args, extra...), p)...)
+	p := e.Path(name)
+	args := append([]string{"init", "--size", size, "--passphrase-file", e.Pass}, elitest.QuickKDF...)
+	e.OK(append(append(args, extra...), p)...)
 	return p
 }
 
+// attach attaches provider and returns its socket.
 func (e *env) attach(provider string, extra ...string) string {
 	e.t.Helper()
-	r := e.ok(append(append([]string{"attach", "--passphrase-file", e.pass}, extra...), provider)...)
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	uri := lines[len(lines)-1]
-	if !strings.HasPrefix(uri, "nbd+unix:///?socket=") {
-		e.t.Fatalf("last line of attach is not an NBD URI: %q", r.stdout)
-	}
-	return strings.TrimPrefix(uri, "nbd+unix:///?socket=")
-}
-
-func (e *env) detachAll() {
-	for _, line := range strings.Split(e.run("", "list").stdout, "\n")[1:] {
-		if f := strings.Fields(line); len(f) > 0 {
-			e.run("", "detach", "--force", f[0])
-		}
-	}
-}
-
-func fileHash(t *testing.T, path string) [32]byte {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sha256.Sum256(b)
+	return elitest.SocketOf(e.Attach(provider, extra...))
 }
 
 func dial(t *testing.T, socket string) *nbdclient.Client {
@@ -190,9 +92,9 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"--key-length", []string{"init", "--key-length", "128", "x.img"}},
 		{"KDF parameters out of range", []string{"init", "--kdf-time", "5000", "--size", "16M", "x.img"}},
 	} {
-		e.fails(2, tc.want, tc.args...)
+		e.FailsCode(2, tc.want, tc.args...)
 	}
-	if _, err := os.Stat(e.path("x.img")); err == nil {
+	if _, err := os.Stat(e.Path("x.img")); err == nil {
 		t.Fatal("a refused init created its provider")
 	}
 }
@@ -200,20 +102,20 @@ func TestUsageErrorsExit2(t *testing.T) {
 func TestInitErrors(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.fails(1, "does not exist; give --size", "init", "--passphrase-file", e.pass, e.path("missing.img"))
-	e.fails(1, "provider too small", append(append([]string{"init", "--passphrase-file", e.pass}, quickKDF...), "--size", "100K", e.path("tiny.img"))...)
+	e.FailsCode(1, "does not exist; give --size", "init", "--passphrase-file", e.Pass, e.Path("missing.img"))
+	e.FailsCode(1, "provider too small", append(append([]string{"init", "--passphrase-file", e.Pass}, elitest.QuickKDF...), "--size", "100K", e.Path("tiny.img"))...)
 
 	img := e.initVolume("a.img", "16M")
-	before := fileHash(t, img)
-	e.fails(1, "already holds eli volume", append(append([]string{"init", "--passphrase-file", e.pass}, quickKDF...), img)...)
-	if fileHash(t, img) != before {
+	before := elitest.FileHash(t, img)
+	e.FailsCode(1, "already holds eli volume", append(append([]string{"init", "--passphrase-file", e.Pass}, elitest.QuickKDF...), img)...)
+	if elitest.FileHash(t, img) != before {
 		t.Fatal("refused init changed the provider")
 	}
-	e.ok(append(append([]string{"init", "--force", "--passphrase-file", e.pass}, quickKDF...), img)...)
-	if fileHash(t, img) == before {
+	e.OK(append(append([]string{"init", "--force", "--passphrase-file", e.Pass}, elitest.QuickKDF...), img)...)
+	if elitest.FileHash(t, img) == before {
 		t.Fatal("init --force did not write a new volume")
 	}
-	e.fails(1, "empty", append(append([]string{"init", "--passphrase-file", e.write("empty", "\n")}, quickKDF...), "--size", "16M", e.path("e.img"))...)
+	e.FailsCode(1, "empty", append(append([]string{"init", "--passphrase-file", e.Write("empty", "\n")}, elitest.QuickKDF...), "--size", "16M", e.Path("e.img"))...)
 }
 
 func TestAttachListDetach(t *testing.T) {
@@ -225,7 +127,7 @@ func TestAttachListDetach(t *testing.T) {
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("socket %s: %v, mode %v; want 0600", sock, err, st.Mode().Perm())
 	}
-	list := e.ok("list").stdout
+	list := e.OK("list").Stdout
 	if !strings.Contains(list, "disk.img") || !strings.Contains(list, "xchacha20-poly1305") || !strings.Contains(list, sock) {
 		t.Fatalf("list does not show the volume:\n%s", list)
 	}
@@ -248,12 +150,12 @@ func TestAttachListDetach(t *testing.T) {
 
 	// A second attach of the same provider, by name or under another name, is refused
 	// and leaves the first one serving.
-	e.fails(1, "already attached", "attach", "--passphrase-file", e.pass, img)
-	e.fails(1, "in use", "attach", "--passphrase-file", e.pass, "--name", "other", img)
-	e.fails(1, "is not attached", "detach", "nosuchname")
+	e.FailsCode(1, "already attached", "attach", "--passphrase-file", e.Pass, img)
+	e.FailsCode(1, "in use", "attach", "--passphrase-file", e.Pass, "--name", "other", img)
+	e.FailsCode(1, "is not attached", "detach", "nosuchname")
 
-	e.ok("detach", "disk.img")
-	if out := e.ok("list").stdout; strings.Contains(out, "disk.img") {
+	e.OK("detach", "disk.img")
+	if out := e.OK("list").Stdout; strings.Contains(out, "disk.img") {
 		t.Fatalf("list still shows the volume after detach:\n%s", out)
 	}
 	if _, err := os.Stat(sock); err == nil {
@@ -270,42 +172,42 @@ func TestAttachListDetach(t *testing.T) {
 		t.Fatalf("write to a read-only attach: %v, want EPERM", err)
 	}
 	c.Close()
-	e.ok("detach", img) // by provider path
+	e.OK("detach", img) // by provider path
 }
 
 func TestWrongCredentials(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	key := e.write("key", "keyfile contents")
+	key := e.Write("key", "keyfile contents")
 	img := e.initVolume("k.img", "16M", "--keyfile", key)
-	before := fileHash(t, img)
-	e.fails(1, "wrong passphrase or keyfile", "attach", "--passphrase-file", e.write("bad", "wrong\n"), "--keyfile", key, img)
-	e.fails(1, "wrong passphrase or keyfile", "attach", "--passphrase-file", e.pass, "--keyfile", e.write("badkey", "other"), img)
-	e.fails(1, "wrong passphrase or keyfile", "attach", "--passphrase-file", e.pass, img)
-	e.fails(1, "no terminal", "attach", "--keyfile", key, img)
-	if fileHash(t, img) != before {
+	before := elitest.FileHash(t, img)
+	e.FailsCode(1, "wrong passphrase or keyfile", "attach", "--passphrase-file", e.Write("bad", "wrong\n"), "--keyfile", key, img)
+	e.FailsCode(1, "wrong passphrase or keyfile", "attach", "--passphrase-file", e.Pass, "--keyfile", e.Write("badkey", "other"), img)
+	e.FailsCode(1, "wrong passphrase or keyfile", "attach", "--passphrase-file", e.Pass, img)
+	e.FailsCode(1, "no terminal", "attach", "--keyfile", key, img)
+	if elitest.FileHash(t, img) != before {
 		t.Fatal("failed attaches changed the provider")
 	}
 	// The passphrase can come from standard input.
-	r := e.run("correct horse battery staple\n", "attach", "--passphrase-file", "-", "--keyfile", key, img)
-	if r.code != 0 {
+	r := e.Run("correct horse battery staple\n", "attach", "--passphrase-file", "-", "--keyfile", key, img)
+	if r.Code != 0 {
 		t.Fatalf("attach with the passphrase on stdin: %v", r)
 	}
-	e.ok("detach", "k.img")
+	e.OK("detach", "k.img")
 }
 
 func TestNotELIProvider(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	f := e.path("plain.img")
+	f := e.Path("plain.img")
 	if err := os.WriteFile(f, bytes.Repeat([]byte{0xab}, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	before := fileHash(t, f)
-	e.fails(1, "not an eli provider", "attach", "--passphrase-file", e.pass, f)
-	e.fails(1, "not an eli provider", "dump", f)
-	e.fails(1, "not an eli provider", "kill", "--yes", f)
-	if fileHash(t, f) != before {
+	before := elitest.FileHash(t, f)
+	e.FailsCode(1, "not an eli provider", "attach", "--passphrase-file", e.Pass, f)
+	e.FailsCode(1, "not an eli provider", "dump", f)
+	e.FailsCode(1, "not an eli provider", "kill", "--yes", f)
+	if elitest.FileHash(t, f) != before {
 		t.Fatal("commands on a foreign provider changed it")
 	}
 }
@@ -314,60 +216,60 @@ func TestUnwritableSocket(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	img := e.initVolume("s.img", "16M")
-	before := fileHash(t, img)
-	e.fails(1, "listen", "attach", "--passphrase-file", e.pass, "--socket", "/proc/eli-cannot-be-here.sock", img)
-	if fileHash(t, img) != before {
+	before := elitest.FileHash(t, img)
+	e.FailsCode(1, "listen", "attach", "--passphrase-file", e.Pass, "--socket", "/proc/eli-cannot-be-here.sock", img)
+	if elitest.FileHash(t, img) != before {
 		t.Fatal("failed attach changed the provider")
 	}
-	if out := e.ok("list").stdout; strings.Contains(out, "s.img") {
+	if out := e.OK("list").Stdout; strings.Contains(out, "s.img") {
 		t.Fatal("failed attach left a record")
 	}
 	// The name is free again.
 	e.attach(img)
-	e.ok("detach", "s.img")
+	e.OK("detach", "s.img")
 }
 
 func TestKeyManagement(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	img := e.initVolume("keys.img", "16M")
-	newPass := e.write("new", "second passphrase\n")
-	r := e.ok(append([]string{"setkey", "--passphrase-file", e.pass, "--new-passphrase-file", newPass}, append(quickKDF, img)...)...)
-	if !strings.Contains(r.stdout, "keyslot 1 set") {
+	newPass := e.Write("new", "second passphrase\n")
+	r := e.OK(append([]string{"setkey", "--passphrase-file", e.Pass, "--new-passphrase-file", newPass}, append(elitest.QuickKDF, img)...)...)
+	if !strings.Contains(r.Stdout, "keyslot 1 set") {
 		t.Fatalf("setkey: %v", r)
 	}
-	dump := e.ok("dump", img).stdout
+	dump := e.OK("dump", img).Stdout
 	if !strings.Contains(dump, "2 active") {
 		t.Fatalf("dump after setkey:\n%s", dump)
 	}
-	e.ok("delkey", "--slot", "0", img)
-	e.fails(1, "wrong passphrase", "attach", "--passphrase-file", e.pass, img)
-	r = e.ok("attach", "--passphrase-file", newPass, img)
-	e.ok("detach", "keys.img")
-	e.fails(1, "last active keyslot", "delkey", "--slot", "1", img)
-	e.fails(1, "is empty", "delkey", "--slot", "3", img)
+	e.OK("delkey", "--slot", "0", img)
+	e.FailsCode(1, "wrong passphrase", "attach", "--passphrase-file", e.Pass, img)
+	r = e.OK("attach", "--passphrase-file", newPass, img)
+	e.OK("detach", "keys.img")
+	e.FailsCode(1, "last active keyslot", "delkey", "--slot", "1", img)
+	e.FailsCode(1, "is empty", "delkey", "--slot", "3", img)
 
 	// Backup, kill, restore: the data comes back.
-	backup := e.path("keys.backup")
-	e.ok("backup", img, backup)
-	e.fails(1, "exists", "backup", img, backup)
-	e.fails(1, "no terminal", "kill", img)
-	e.ok("kill", "--yes", img)
-	e.fails(1, "no active keyslot", "attach", "--passphrase-file", newPass, img)
-	e.ok("restore", backup, img)
-	e.ok("attach", "--passphrase-file", newPass, img)
-	e.ok("detach", "keys.img")
+	backup := e.Path("keys.backup")
+	e.OK("backup", img, backup)
+	e.FailsCode(1, "exists", "backup", img, backup)
+	e.FailsCode(1, "no terminal", "kill", img)
+	e.OK("kill", "--yes", img)
+	e.FailsCode(1, "no active keyslot", "attach", "--passphrase-file", newPass, img)
+	e.OK("restore", backup, img)
+	e.OK("attach", "--passphrase-file", newPass, img)
+	e.OK("detach", "keys.img")
 
 	// A header backup of another volume is refused unless forced.
 	other := e.initVolume("other.img", "16M")
-	otherBackup := e.path("other.backup")
-	e.ok("backup", other, otherBackup)
-	before := fileHash(t, img)
-	e.fails(1, "belongs to volume", "restore", otherBackup, img)
-	if fileHash(t, img) != before {
+	otherBackup := e.Path("other.backup")
+	e.OK("backup", other, otherBackup)
+	before := elitest.FileHash(t, img)
+	e.FailsCode(1, "belongs to volume", "restore", otherBackup, img)
+	if elitest.FileHash(t, img) != before {
 		t.Fatal("refused restore changed the provider")
 	}
-	if !strings.Contains(e.ok("dump", otherBackup).stdout, "backup") {
+	if !strings.Contains(e.OK("dump", otherBackup).Stdout, "backup") {
 		t.Fatal("dump of a backup file does not say it is one")
 	}
 }
@@ -376,7 +278,7 @@ func TestDumpHasNoSecrets(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	img := e.initVolume("d.img", "16M")
-	out := e.ok("dump", img).stdout
+	out := e.OK("dump", img).Stdout
 	for _, want := range []string{"xchacha20-poly1305", "sector size", "slot 0", "argon2id"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dump lacks %q:\n%s", want, out)
@@ -390,15 +292,15 @@ func TestDumpHasNoSecrets(t *testing.T) {
 func TestOnetime(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	scratch := e.path("scratch.img")
+	scratch := e.Path("scratch.img")
 	if err := os.WriteFile(scratch, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Truncate(scratch, 32<<20); err != nil {
 		t.Fatal(err)
 	}
-	r := e.ok("onetime", scratch)
-	sock := strings.TrimPrefix(strings.TrimSpace(r.stdout), "nbd+unix:///?socket=")
+	r := e.OK("onetime", scratch)
+	sock := strings.TrimPrefix(strings.TrimSpace(r.Stdout), "nbd+unix:///?socket=")
 	c := dial(t, sock)
 	data := bytes.Repeat([]byte{7}, 8192)
 	if err := c.WriteAt(data, 4096, true); err != nil {
@@ -409,11 +311,11 @@ func TestOnetime(t *testing.T) {
 		t.Fatalf("onetime read back: %v", err)
 	}
 	c.Close()
-	e.ok("detach", "scratch.img")
-	e.fails(1, "not an eli provider", "dump", scratch)
+	e.OK("detach", "scratch.img")
+	e.FailsCode(1, "not an eli provider", "dump", scratch)
 
 	img := e.initVolume("vol.img", "16M")
-	e.fails(1, "onetime would destroy it", "onetime", img)
+	e.FailsCode(1, "onetime would destroy it", "onetime", img)
 }
 
 func TestResize(t *testing.T) {
@@ -429,9 +331,9 @@ func TestResize(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	e.fails(1, "in use", "resize", "--passphrase-file", e.pass, "--size", "32M", img)
-	e.ok("detach", "grow.img")
-	e.ok("resize", "--passphrase-file", e.pass, "--size", "32M", img)
+	e.FailsCode(1, "in use", "resize", "--passphrase-file", e.Pass, "--size", "32M", img)
+	e.OK("detach", "grow.img")
+	e.OK("resize", "--passphrase-file", e.Pass, "--size", "32M", img)
 	if st, _ := os.Stat(img); st.Size() != 32<<20 {
 		t.Fatalf("provider is %d bytes after resize", st.Size())
 	}
@@ -453,8 +355,8 @@ func TestResize(t *testing.T) {
 		t.Fatal("new area after resize is not zero")
 	}
 	c.Close()
-	e.ok("detach", "grow.img")
-	e.fails(1, "refusing to shrink", "resize", "--passphrase-file", e.pass, "--size", "16M", img)
+	e.OK("detach", "grow.img")
+	e.FailsCode(1, "refusing to shrink", "resize", "--passphrase-file", e.Pass, "--size", "16M", img)
 }
 
 // TestKilledServerLeavesNoBlock: a server killed with SIGKILL leaves its socket and state
@@ -465,7 +367,7 @@ func TestKilledServerLeavesNoBlock(t *testing.T) {
 	img := e.initVolume("kill9.img", "16M")
 	e.attach(img)
 	pid := 0
-	for _, line := range strings.Split(e.ok("list").stdout, "\n") {
+	for _, line := range strings.Split(e.OK("list").Stdout, "\n") {
 		if f := strings.Fields(line); len(f) >= 6 && f[0] == "kill9.img" {
 			fmt.Sscan(f[len(f)-2], &pid)
 		}
@@ -478,28 +380,28 @@ func TestKilledServerLeavesNoBlock(t *testing.T) {
 	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if out := e.ok("list").stdout; strings.Contains(out, "kill9.img") {
+	if out := e.OK("list").Stdout; strings.Contains(out, "kill9.img") {
 		t.Fatalf("list shows a killed server:\n%s", out)
 	}
 	e.attach(img)
-	e.ok("detach", "kill9.img")
+	e.OK("detach", "kill9.img")
 }
 
 func TestUnsafeModeWarnsOnAttach(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	img := e.initVolume("u.img", "16M", "--cipher", "chacha20-xts", "--unsafe")
-	r := e.ok("attach", "--passphrase-file", e.pass, img)
-	if !strings.Contains(r.stderr, "UNSAFE") {
+	r := e.OK("attach", "--passphrase-file", e.Pass, img)
+	if !strings.Contains(r.Stderr, "UNSAFE") {
 		t.Fatalf("attach of an unsafe volume does not warn: %v", r)
 	}
-	e.ok("detach", "u.img")
+	e.OK("detach", "u.img")
 }
 
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	if r := e.ok("version"); !strings.HasPrefix(r.stdout, "eli ") {
+	if r := e.OK("version"); !strings.HasPrefix(r.Stdout, "eli ") {
 		t.Fatalf("version: %v", r)
 	}
 }

@@ -29,11 +29,11 @@ func TestBenchTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			r := e.ok(append([]string{"bench", "--duration", "2ms"}, tc.args...)...)
-			if r.stderr != "" {
-				t.Errorf("stderr is not a terminal, yet something was written there: %q", r.stderr)
+			r := e.OK(append([]string{"bench", "--duration", "2ms"}, tc.args...)...)
+			if r.Stderr != "" {
+				t.Errorf("stderr is not a terminal, yet something was written there: %q", r.Stderr)
 			}
-			lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+			lines := strings.Split(strings.TrimRight(r.Stdout, "\n"), "\n")
 			hdr := -1
 			for i, l := range lines {
 				if strings.HasPrefix(l, "mode ") {
@@ -42,7 +42,7 @@ func TestBenchTable(t *testing.T) {
 				}
 			}
 			if hdr < 0 {
-				t.Fatalf("no header line:\n%s", r.stdout)
+				t.Fatalf("no header line:\n%s", r.Stdout)
 			}
 			for _, col := range []string{"sector size", "encrypt MB/s", "decrypt MB/s"} {
 				if !strings.Contains(lines[hdr], col) {
@@ -51,7 +51,7 @@ func TestBenchTable(t *testing.T) {
 			}
 			rows := lines[hdr+1:]
 			if want := len(tc.modes) * len(tc.sizes); len(rows) != want {
-				t.Fatalf("%d rows, want %d:\n%s", len(rows), want, r.stdout)
+				t.Fatalf("%d rows, want %d:\n%s", len(rows), want, r.Stdout)
 			}
 			k := 0
 			for _, m := range tc.modes {
@@ -78,12 +78,12 @@ func TestBenchTable(t *testing.T) {
 func TestBenchJSON(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	r := e.ok("bench", "--json", "--duration", "2ms", "--threads", "3")
+	r := e.OK("bench", "--json", "--duration", "2ms", "--threads", "3")
 	var rep benchReport
-	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	dec := json.NewDecoder(strings.NewReader(r.Stdout))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&rep); err != nil {
-		t.Fatalf("--json output does not parse: %v\n%s", err, r.stdout)
+		t.Fatalf("--json output does not parse: %v\n%s", err, r.Stdout)
 	}
 	if rep.Threads != 3 || rep.DurationMS != 2 || rep.GoVersion == "" {
 		t.Errorf("header fields: %+v", rep)
@@ -95,7 +95,7 @@ func TestBenchJSON(t *testing.T) {
 	for _, res := range rep.Results {
 		m, err := sector.ParseMode(res.Mode)
 		if err != nil {
-			t.Errorf("result names an unknown mode: %v", err)
+			t.Errorf("elitest.Result names an unknown mode: %v", err)
 			continue
 		}
 		if res.SectorSize != 512 && res.SectorSize != 4096 {
@@ -114,8 +114,8 @@ func TestBenchJSON(t *testing.T) {
 	if len(seen) != len(rep.Results) {
 		t.Errorf("a cell appears twice: %v", seen)
 	}
-	if strings.Contains(strings.ToLower(r.stdout), "key") {
-		t.Errorf("output mentions a key:\n%s", r.stdout)
+	if strings.Contains(strings.ToLower(r.Stdout), "key") {
+		t.Errorf("output mentions a key:\n%s", r.Stdout)
 	}
 }
 
@@ -140,9 +140,9 @@ func TestBenchBadFlagsExit2(t *testing.T) {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			r := e.fails(exitUsage, tc.want, append([]string{"bench"}, tc.args...)...)
-			if r.stdout != "" {
-				t.Errorf("a usage error printed to stdout: %q", r.stdout)
+			r := e.FailsCode(exitUsage, tc.want, append([]string{"bench"}, tc.args...)...)
+			if r.Stdout != "" {
+				t.Errorf("a usage error printed to stdout: %q", r.Stdout)
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/elitest"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,9 +42,7 @@ func (e *env) runOnTerminal(answers []string, args ...string) (string, int) {
 	e.t.Helper()
 	m, s := openPTY(e.t)
 	defer m.Close()
-	cmd := exec.Command(eliBin, args...)
-	cmd.Dir = e.dir
-	cmd.Env = append(os.Environ(), "ELI_STATE_DIR="+e.state)
+	cmd := e.Command(args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = s, s, s
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	if err := cmd.Start(); err != nil {
@@ -86,8 +85,8 @@ func (e *env) runOnTerminal(answers []string, args ...string) (string, int) {
 func TestPassphrasePrompt(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	img := e.path("tty.img")
-	args := append(append([]string{"init", "--size", "16M"}, quickKDF...), img)
+	img := e.Path("tty.img")
+	args := append(append([]string{"init", "--size", "16M"}, elitest.QuickKDF...), img)
 
 	out, code := e.runOnTerminal([]string{"typed secret", "typed secret"}, args...)
 	if code != 0 {
@@ -101,8 +100,8 @@ func TestPassphrasePrompt(t *testing.T) {
 	}
 
 	// A mismatch is refused, and nothing is written.
-	img2 := e.path("tty2.img")
-	out, code = e.runOnTerminal([]string{"one", "two"}, append(append([]string{"init", "--size", "16M"}, quickKDF...), img2)...)
+	img2 := e.Path("tty2.img")
+	out, code = e.runOnTerminal([]string{"one", "two"}, append(append([]string{"init", "--size", "16M"}, elitest.QuickKDF...), img2)...)
 	if code != 1 || !strings.Contains(out, "do not match") {
 		t.Fatalf("mismatched passphrases: exit %d:\n%s", code, out)
 	}
@@ -112,7 +111,7 @@ func TestPassphrasePrompt(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "Enter passphrase: ") || !strings.Contains(out, "nbd+unix://") {
 		t.Fatalf("attach on a terminal exited %d:\n%s", code, out)
 	}
-	e.ok("detach", "tty.img")
+	e.OK("detach", "tty.img")
 	out, code = e.runOnTerminal([]string{"wrong"}, "attach", img)
 	if code != 1 || !strings.Contains(out, "wrong passphrase") {
 		t.Fatalf("attach with a wrong typed passphrase: exit %d:\n%s", code, out)
