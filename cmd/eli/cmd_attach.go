@@ -208,7 +208,7 @@ func prepareAttach(sd stateDir, o *attachOptions, path string) (*attachment, err
 	}()
 	sd.cleanup(cfg.Name, nil) // whatever a killed server left behind
 
-	p, err := openLocked(path, o.readOnly)
+	p, h, err := openHeader(path, o.readOnly)
 	if err != nil {
 		return nil, err
 	}
@@ -217,10 +217,6 @@ func prepareAttach(sd stateDir, o *attachOptions, path string) (*attachment, err
 			p.Close()
 		}
 	}()
-	h, err := readHeader(p)
-	if err != nil {
-		return nil, err
-	}
 	mk, _, err := unlock(h, o.creds, o.slot, &stdinGuard{})
 	if err != nil {
 		return nil, err

@@ -90,15 +90,11 @@ func runSetkey(cmd *cobra.Command, o *setkeyOptions, path string) error {
 	if err := o.kdf.validate(); err != nil {
 		return err
 	}
-	p, err := openLocked(path, false)
+	p, h, err := openHeader(path, false)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	h, err := readHeader(p)
-	if err != nil {
-		return err
-	}
 	stdin := &stdinGuard{}
 	mk, used, err := unlock(h, o.old, keys.AnySlot, stdin)
 	if err != nil {
@@ -137,14 +133,11 @@ unreachable) unless --force is given.`,
 			if slot < 0 || slot >= keys.NumSlots {
 				return usagef("--slot N is required, 0 to %d", keys.NumSlots-1)
 			}
-			p, err := openLocked(args[0], false)
+			p, _, err := openHeader(args[0], false)
 			if err != nil {
 				return err
 			}
 			defer p.Close()
-			if _, err := readHeader(p); err != nil {
-				return err
-			}
 			if err := keys.DelKey(p, slot, force); err != nil {
 				if errors.Is(err, keys.ErrLastSlot) {
 					return fmt.Errorf("%w; --force deletes it anyway", err)
@@ -171,15 +164,11 @@ known. It asks for confirmation unless --yes is given.`,
 		Example: "  eli kill disk.img\n  eli kill --yes disk.img",
 		Args:    exactArgs("PROVIDER"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := openLocked(args[0], false)
+			p, h, err := openHeader(args[0], false)
 			if err != nil {
 				return err
 			}
 			defer p.Close()
-			h, err := readHeader(p)
-			if err != nil {
-				return err
-			}
 			if !yes {
 				ok, err := confirm(fmt.Sprintf("Destroy every key of %s (%s, %s)? Its data will be unreadable for good. Type 'yes': ",
 					args[0], h.Mode, formatSize(int64(h.Sectors)*int64(h.SectorSize))))

@@ -30,15 +30,11 @@ read as zeroes. Shrinking is refused. The volume must not be attached.`,
 					return usageError{err}
 				}
 			}
-			p, err := openLocked(path, false)
+			p, h, err := openHeader(path, false)
 			if err != nil {
 				return err
 			}
 			defer p.Close()
-			h, err := readHeader(p)
-			if err != nil {
-				return err
-			}
 			mk, _, err := unlock(h, creds, keys.AnySlot, &stdinGuard{})
 			if err != nil {
 				return err

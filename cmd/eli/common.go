@@ -33,6 +33,20 @@ func openLocked(path string, readOnly bool) (*provider.File, error) {
 	return p, nil
 }
 
+// openHeader opens and locks a provider and reads its header.
+func openHeader(path string, readOnly bool) (*provider.File, *keys.Header, error) {
+	p, err := openLocked(path, readOnly)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := readHeader(p)
+	if err != nil {
+		p.Close()
+		return nil, nil, err
+	}
+	return p, h, nil
+}
+
 // readHeader reads the provider's header and warns about a damaged or stale copy.
 func readHeader(p *provider.File) (*keys.Header, error) {
 	h, err := keys.Read(p)
