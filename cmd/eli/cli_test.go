@@ -405,3 +405,34 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("version: %v", r)
 	}
 }
+
+// TestDemo runs README's first command: the end-to-end demonstration must work on any
+// machine with nothing but the binary.
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.OK("demo", "--dir", e.Dir)
+	for _, want := range []string{"eli init", "eli attach", "identical", "holds no plaintext", "the data is intact", "input/output error", "==> done"} {
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, r.Stdout)
+		}
+	}
+	if out := e.OK("list").Stdout; strings.Contains(out, "demo") {
+		t.Errorf("demo left a volume attached:\n%s", out)
+	}
+}
+
+func TestCompletion(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		if r := e.OK("completion", shell); !strings.Contains(r.Stdout, "eli") || len(r.Stdout) < 500 {
+			t.Errorf("completion %s: %d bytes", shell, len(r.Stdout))
+		}
+	}
+	// The flag completion offers the cipher modes.
+	r := e.OK("__complete", "init", "--cipher", "")
+	if !strings.Contains(r.Stdout, "xchacha20-poly1305") || !strings.Contains(r.Stdout, "aes-xts") {
+		t.Errorf("--cipher completion: %s", r.Stdout)
+	}
+}
