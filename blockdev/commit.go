@@ -102,7 +102,7 @@ func (d *Device) commit(b *batch) error {
 		n, groups := 0, 0
 		var lastG uint64
 		for n < len(idx) && n < jcap {
-			g, _ := d.l.GroupOf(idx[n])
+			g, _ := d.geo.groupOf(idx[n])
 			if n == 0 || g != lastG {
 				if groups == d.roundMax {
 					break
@@ -133,7 +133,7 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 	}()
 	jes := d.jentries[:0]
 	for _, i := range idx {
-		g, j := d.l.GroupOf(i)
+		g, j := d.geo.groupOf(i)
 		if len(blocks) == 0 || blocks[len(blocks)-1].g != g {
 			blk, err := d.cache.get(g)
 			if err != nil {
@@ -161,7 +161,7 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 	// 2. Data and records in place, in any order; recovery sorts out a crash in here.
 	bi := 0
 	for _, je := range jes {
-		g, j := d.l.GroupOf(je.index)
+		g, j := d.geo.groupOf(je.index)
 		for blocks[bi].g != g {
 			bi++
 		}
@@ -171,7 +171,7 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 		return err
 	}
 	for _, blk := range blocks {
-		if _, err := d.p.WriteAt(blk.data, d.l.BlockPos(blk.g)); err != nil {
+		if _, err := d.p.WriteAt(blk.data, d.geo.blockPos(blk.g)); err != nil {
 			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
 		}
 	}
@@ -204,12 +204,12 @@ func (d *Device) writeData(b *batch, jes []journalEntry) error {
 	for x := 0; x < len(jes); {
 		i := jes[x].index
 		e := b.entries[i]
-		g, _ := d.l.GroupOf(i)
+		g, _ := d.geo.groupOf(i)
 		y := x + 1
 		for y < len(jes) {
 			ni := jes[y].index
 			ne := b.entries[ni]
-			ng, _ := d.l.GroupOf(ni)
+			ng, _ := d.geo.groupOf(ni)
 			if ni != i+uint64(y-x) || ng != g || (ne.slab == nil) != (e.slab == nil) {
 				break
 			}
@@ -221,7 +221,7 @@ func (d *Device) writeData(b *batch, jes []journalEntry) error {
 			}
 			y++
 		}
-		pos := d.l.DataPos(i)
+		pos := d.geo.dataPos(i)
 		switch {
 		case e.slab != nil:
 			if _, err := d.p.WriteAt(e.slab.buf[e.off:int(e.off)+(y-x)*s], pos); err != nil {

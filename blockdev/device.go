@@ -84,6 +84,7 @@ type Config struct {
 type Device struct {
 	p     provider.Provider
 	l     Layout
+	geo   geometry // l's numbers, for the per-sector paths
 	codec sector.Codec
 	ro    bool
 	log   *slog.Logger
@@ -163,7 +164,7 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Device{
-		p: p, l: l, codec: c, ro: cfg.ReadOnly, log: log,
+		p: p, l: l, geo: newGeometry(l), codec: c, ro: cfg.ReadOnly, log: log,
 		s: l.SectorSize, size: l.Size(),
 	}
 	d.pieceSectors = max(1, (1<<20)/d.s)
@@ -267,7 +268,7 @@ type Recovery struct {
 
 // Recovery reports what Open's recovery did.
 func (d *Device) Recovery() Recovery {
-	if !d.l.Authenticated() {
+	if !d.geo.auth {
 		return Recovery{Journal: "none"}
 	}
 	return d.recovery
@@ -372,12 +373,12 @@ func (d *Device) Cache(off, length int64) error {
 	if err := d.check(off, length, false); err != nil {
 		return err
 	}
-	if !d.l.Authenticated() || length == 0 {
+	if !d.geo.auth || length == 0 {
 		return nil
 	}
 	s := int64(d.s)
-	g0, _ := d.l.GroupOf(uint64(off / s))
-	g1, _ := d.l.GroupOf(uint64((off + length - 1) / s))
+	g0, _ := d.geo.groupOf(uint64(off / s))
+	g1, _ := d.geo.groupOf(uint64((off + length - 1) / s))
 	for g := g0; g <= g1 && g-g0 < uint64(d.cache.capacity()); g++ {
 		b, err := d.cache.get(g)
 		if err != nil {
@@ -422,7 +423,7 @@ func (d *Device) WriteAt(p []byte, off int64, flags Flags) error {
 	if err := d.check(off, int64(len(p)), true); err != nil {
 		return err
 	}
-	if !d.l.Authenticated() {
+	if !d.geo.auth {
 		return d.plainWriteAt(p, off, flags)
 	}
 	var last uint64
@@ -456,7 +457,7 @@ func (d *Device) WriteZeroes(off, length int64, flags Flags) error {
 	if err := d.check(off, length, true); err != nil {
 		return err
 	}
-	if !d.l.Authenticated() {
+	if !d.geo.auth {
 		return d.plainWriteZeroes(off, length, flags)
 	}
 	var last uint64
@@ -506,7 +507,7 @@ func (d *Device) Trim(off, length int64, flags Flags) error {
 	if end <= first {
 		return nil
 	}
-	if !d.l.Authenticated() {
+	if !d.geo.auth {
 		return d.plainTrim(uint64(first), uint64(end-first), flags)
 	}
 	seq, err := d.zeroWhole(uint64(first), uint64(end-first), true)
@@ -529,7 +530,7 @@ func (d *Device) Flush() error {
 	if d.ro {
 		return nil
 	}
-	if !d.l.Authenticated() {
+	if !d.geo.auth {
 		return d.sync()
 	}
 	d.mu.Lock()
@@ -552,7 +553,7 @@ func (d *Device) Close() error {
 	}
 	d.closed = true
 	defer d.workers.stop()
-	if !d.l.Authenticated() {
+	if !d.geo.auth {
 		if d.ro {
 			return nil
 		}

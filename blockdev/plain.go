@@ -16,7 +16,7 @@ import (
 // otherwise sector by sector.
 
 func (d *Device) plainReadSectors(dst []byte, first uint64, n int) error {
-	if _, err := d.p.ReadAt(dst, d.l.DataPos(first)); err != nil {
+	if _, err := d.p.ReadAt(dst, d.geo.dataPos(first)); err != nil {
 		return fmt.Errorf("read sectors %d-%d: %w", first, first+uint64(n-1), err)
 	}
 	run, isRun := d.codec.(sector.Runner)
@@ -97,7 +97,7 @@ func (d *Device) plainWriteWhole(buf []byte, first uint64, n int) error {
 func (d *Device) plainWriteSealed(buf []byte, first uint64, n int) error {
 	d.locks.lock(first, uint64(n))
 	defer d.locks.unlock(first, uint64(n))
-	if _, err := d.p.WriteAt(buf, d.l.DataPos(first)); err != nil {
+	if _, err := d.p.WriteAt(buf, d.geo.dataPos(first)); err != nil {
 		return fmt.Errorf("write sectors %d-%d: %w", first, first+uint64(n-1), err)
 	}
 	return nil
@@ -114,7 +114,7 @@ func (d *Device) plainWritePartial(i uint64, o int, part []byte) error {
 	}
 	copy(buf[o:], part)
 	d.codec.Seal(i, buf, nil)
-	if _, err := d.p.WriteAt(buf, d.l.DataPos(i)); err != nil {
+	if _, err := d.p.WriteAt(buf, d.geo.dataPos(i)); err != nil {
 		return fmt.Errorf("write sector %d: %w", i, err)
 	}
 	return nil
@@ -127,7 +127,7 @@ func (d *Device) plainTrim(first, n uint64, flags Flags) error {
 	if !ok {
 		return nil
 	}
-	if err := pu.Punch(d.l.DataPos(first), int64(n)*int64(d.s)); err != nil {
+	if err := pu.Punch(d.geo.dataPos(first), int64(n)*int64(d.s)); err != nil {
 		return fmt.Errorf("trim sectors %d-%d: %w", first, first+n-1, err)
 	}
 	if flags&FUA != 0 {
@@ -161,7 +161,7 @@ func (d *Device) plainWriteZeroes(off, length int64, flags Flags) error {
 		if canPunch {
 			n = length / s
 			d.locks.lock(i, uint64(n))
-			err := pu.Punch(d.l.DataPos(i), n*s)
+			err := pu.Punch(d.geo.dataPos(i), n*s)
 			d.locks.unlock(i, uint64(n))
 			if err != nil {
 				return fmt.Errorf("zero sectors %d-%d: %w", i, i+uint64(n-1), err)

@@ -72,7 +72,7 @@ var readScratchPool = sync.Pool{New: func() any { return new(readScratch) }}
 // readSectors reads n whole sectors (n ≤ pieceSectors) starting at first into dst
 // (n·S bytes, no spare capacity needed).
 func (d *Device) readSectors(dst []byte, first uint64, n int) error {
-	if !d.l.Authenticated() {
+	if !d.geo.auth {
 		return d.plainReadSectors(dst, first, n)
 	}
 	rs := readScratchPool.Get().(*readScratch)
@@ -181,8 +181,8 @@ func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte) 
 			k++
 			continue
 		}
-		g, j := d.l.GroupOf(first + uint64(k))
-		end := min(n, k+d.l.GroupSectors(g)-j) // end of this group within the request
+		g, j := d.geo.groupOf(first + uint64(k))
+		end := min(n, k+d.geo.groupSectors(g)-j) // end of this group within the request
 		if err := d.cache.records(g, j, recs[k*layout.RecordSize:end*layout.RecordSize]); err != nil {
 			return err
 		}
@@ -207,7 +207,7 @@ func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte) 
 			for y < end && src[y].kind == srcDisk && !src[y].rec.isZero() {
 				y++
 			}
-			if _, err := d.p.ReadAt(dst[x*d.s:y*d.s], d.l.DataPos(first+uint64(x))); err != nil {
+			if _, err := d.p.ReadAt(dst[x*d.s:y*d.s], d.geo.dataPos(first+uint64(x))); err != nil {
 				return fmt.Errorf("read sectors %d-%d: %w", first+uint64(x), first+uint64(y-1), err)
 			}
 			x = y

@@ -1,0 +1,49 @@
+package blockdev
+
+// geometry holds the numbers of the layout that the I/O paths need for every sector,
+// computed once. layout.Layout derives each of them on every call, through sector.Mode's
+// table lookups (about nine for one DataPos); bench/run's CPU profile of a sequential
+// write showed that at about 6% of the server's time.
+type geometry struct {
+	auth       bool   // sectors carry records
+	sectorSize int64  // S
+	dataOff    int64  // D
+	metaBlock  int64  // M (0 without records)
+	perGroup   uint64 // R (0 without records)
+	groupLen   int64  // G
+	sectors    uint64 // N
+}
+
+func newGeometry(l Layout) geometry {
+	return geometry{
+		auth:       l.Authenticated(),
+		sectorSize: int64(l.SectorSize),
+		dataOff:    l.DataOffset,
+		metaBlock:  int64(l.MetaBlockSize()),
+		perGroup:   uint64(l.RecordsPerGroup()),
+		groupLen:   l.GroupLen(),
+		sectors:    l.Sectors,
+	}
+}
+
+// groupOf is Layout.GroupOf (authenticated layouts only).
+func (g *geometry) groupOf(i uint64) (uint64, int) {
+	return i / g.perGroup, int(i % g.perGroup)
+}
+
+// groupSectors is Layout.GroupSectors (authenticated layouts only).
+func (g *geometry) groupSectors(grp uint64) int {
+	return int(min(g.perGroup, g.sectors-grp*g.perGroup))
+}
+
+// blockPos is Layout.BlockPos.
+func (g *geometry) blockPos(grp uint64) int64 { return g.dataOff + int64(grp)*g.groupLen }
+
+// dataPos is Layout.DataPos.
+func (g *geometry) dataPos(i uint64) int64 {
+	if !g.auth {
+		return g.dataOff + int64(i)*g.sectorSize
+	}
+	grp, j := g.groupOf(i)
+	return g.blockPos(grp) + g.metaBlock + int64(j)*g.sectorSize
+}
