@@ -191,6 +191,7 @@ func (w *world) spawn(ctx context.Context, t target, argv []string, sock string)
 		}
 		select {
 		case <-s.done:
+			logf.Close()
 			return nil, fmt.Errorf("%s exited before serving (%v); log: %s", t.Name, s.err, logf.Name())
 		case <-ctx.Done():
 			s.stop()
