@@ -64,7 +64,9 @@ type modeInfo struct {
 	unsafe   bool // keystream fixed per sector: benchmark parity only
 }
 
-var modes = map[Mode]modeInfo{
+// modes is indexed by Mode (an array, not a map: the geometry of every I/O asks for the
+// mode's metadata size). A zero entry is no mode.
+var modes = [...]modeInfo{
 	ModeXChaCha20Poly1305: {"xchacha20-poly1305", 32, 40, false},
 	ModeAESXTS256:         {"aes-xts", 64, 0, false},
 	ModeAESXTS128:         {"aes128-xts", 32, 0, false},
@@ -91,8 +93,8 @@ func Modes() []Mode {
 func ParseMode(name string) (Mode, error) {
 	n := strings.ToLower(strings.TrimSpace(name))
 	for m, info := range modes {
-		if info.name == n {
-			return m, nil
+		if info.name != "" && info.name == n {
+			return Mode(m), nil
 		}
 	}
 	names := make([]string, 0, len(modes))
@@ -103,27 +105,35 @@ func ParseMode(name string) (Mode, error) {
 }
 
 func (m Mode) String() string {
-	if info, ok := modes[m]; ok {
-		return info.name
+	if m.Valid() {
+		return modes[m].name
 	}
 	return fmt.Sprintf("mode(%d)", uint8(m))
 }
 
 // Valid reports whether m is a known mode.
-func (m Mode) Valid() bool { _, ok := modes[m]; return ok }
+func (m Mode) Valid() bool { return int(m) < len(modes) && modes[m].name != "" }
 
 // KeySize is the number of key bytes New expects for m.
-func (m Mode) KeySize() int { return modes[m].keySize }
+func (m Mode) KeySize() int { return m.info().keySize }
 
 // MetaSize is the number of metadata bytes per sector that m needs (0: length-preserving).
-func (m Mode) MetaSize() int { return modes[m].metaSize }
+func (m Mode) MetaSize() int { return m.info().metaSize }
 
 // Unsafe reports whether m is one of the ChaCha "XTS" modes whose keystream is fixed per
 // sector: anyone who sees two versions of a sector learns their XOR. See docs/threat-model.md.
-func (m Mode) Unsafe() bool { return modes[m].unsafe }
+func (m Mode) Unsafe() bool { return m.info().unsafe }
 
 // Authenticated reports whether m detects tampering.
-func (m Mode) Authenticated() bool { return modes[m].metaSize > 0 }
+func (m Mode) Authenticated() bool { return m.info().metaSize > 0 }
+
+// info is m's entry, or the zero entry for an invalid mode.
+func (m Mode) info() modeInfo {
+	if int(m) < len(modes) {
+		return modes[m]
+	}
+	return modeInfo{}
+}
 
 // Codec seals and opens sectors of one volume. Implementations are safe for concurrent use.
 type Codec interface {
