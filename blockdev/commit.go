@@ -10,7 +10,7 @@ import (
 
 // committer is the one goroutine that commits batches, in order, one at a time. A batch is
 // committed when it is due: a Flush or FUA write waits for it, writers wait for room, it
-// reached MaxBatchBytes, CommitInterval passed since its first write, or Close.
+// reached CommitBytes, CommitInterval passed since its first write, or Close.
 func (d *Device) committer() {
 	defer close(d.done)
 	timer := time.NewTimer(time.Hour)
@@ -25,7 +25,7 @@ func (d *Device) committer() {
 			b := d.pending
 			if !b.empty() {
 				wait := d.interval - time.Duration(d.now()-b.first)
-				if d.urgent || d.stopping || d.blocked > 0 || b.bytes >= d.maxBatch || wait <= 0 {
+				if d.urgent || d.stopping || d.blocked > 0 || b.bytes >= d.commitBytes || wait <= 0 {
 					break
 				}
 				timer.Reset(wait)
@@ -197,16 +197,19 @@ func (d *Device) writeJournal(entries []journalEntry) error {
 
 // writeData writes the ciphertext of the round's sectors, one WriteAt per run of sectors
 // that are adjacent both on the provider (same group) and in one slab, and punches the
-// data of trimmed ones where the provider can.
+// data of trimmed ones where the provider can. The runs are written in parallel: the
+// kernel's copy into the page cache is a good part of a write's cost.
 func (d *Device) writeData(b *batch, jes []journalEntry) error {
 	puncher, _ := d.p.(provider.Puncher)
 	s := d.s
+	ops := d.dataOps[:0]
+	defer func() { d.dataOps = ops }()
 	for x := 0; x < len(jes); {
 		i := jes[x].index
 		e := b.entries[i]
 		g, _ := d.geo.groupOf(i)
 		y := x + 1
-		for y < len(jes) {
+		for y < len(jes) && y-x < d.readPiece {
 			ni := jes[y].index
 			ne := b.entries[ni]
 			ng, _ := d.geo.groupOf(ni)
@@ -221,18 +224,40 @@ func (d *Device) writeData(b *batch, jes []journalEntry) error {
 			}
 			y++
 		}
-		pos := d.geo.dataPos(i)
+		op := dataOp{first: i, n: y - x, pos: d.geo.dataPos(i)}
 		switch {
 		case e.slab != nil:
-			if _, err := d.p.WriteAt(e.slab.buf[e.off:int(e.off)+(y-x)*s], pos); err != nil {
-				return fmt.Errorf("write sectors %d-%d: %w", i, i+uint64(y-x-1), err)
-			}
+			op.data = e.slab.buf[e.off : int(e.off)+(y-x)*s]
+			ops = append(ops, op)
 		case e.punch && puncher != nil:
-			if err := puncher.Punch(pos, int64((y-x)*s)); err != nil {
-				return fmt.Errorf("punch sectors %d-%d: %w", i, i+uint64(y-x-1), err)
-			}
+			ops = append(ops, op)
 		}
 		x = y
 	}
-	return nil
+	do := func(op dataOp) error {
+		if op.data != nil {
+			if _, err := d.p.WriteAt(op.data, op.pos); err != nil {
+				return fmt.Errorf("write sectors %d-%d: %w", op.first, op.first+uint64(op.n-1), err)
+			}
+		} else if err := puncher.Punch(op.pos, int64(op.n*s)); err != nil {
+			return fmt.Errorf("punch sectors %d-%d: %w", op.first, op.first+uint64(op.n-1), err)
+		}
+		return nil
+	}
+	return d.workers.run(len(ops), 1, func(lo, hi int) error {
+		for _, op := range ops[lo:hi] {
+			if err := do(op); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// dataOp is one write (data) or punch (data nil) of n sectors from first, at pos.
+type dataOp struct {
+	first uint64
+	n     int
+	pos   int64
+	data  []byte
 }

@@ -43,6 +43,7 @@ const (
 	DefaultCacheBytes     = 64 << 20
 	DefaultCommitInterval = 100 * time.Millisecond
 	DefaultMaxBatchBytes  = 16 << 20
+	DefaultCommitBytes    = 4 << 20
 )
 
 // Config is what Open needs besides the provider.
@@ -66,6 +67,11 @@ type Config struct {
 	// (DefaultMaxBatchBytes when 0, at least one slab of 1 MiB). Memory for batches is
 	// at most about three times this.
 	MaxBatchBytes int64
+	// CommitBytes: a pending batch this large is committed at once
+	// (DefaultCommitBytes when 0, at most MaxBatchBytes). While a commit runs, the next
+	// batch keeps growing up to MaxBatchBytes, so batches stay small (and in cache) when
+	// commits are quick, and grow to spread the syncs when they are slow.
+	CommitBytes int64
 	// Workers is the size of the sealing pool (GOMAXPROCS when 0; negative: none).
 	Workers int
 	// Logger receives one line per notable event (recovery, a sector failing
@@ -93,6 +99,7 @@ type Device struct {
 
 	pieceSectors int // sectors per slab and per step of a large request
 	chunkSectors int // sectors per parallel chunk
+	readPiece    int // sectors per parallel read from the provider
 	workers      *workers
 	locks        stripes
 	bufs         sync.Pool // *[]byte of pieceSectors·S + Slack, for scratch
@@ -105,15 +112,16 @@ type Device struct {
 	closed bool
 
 	// Authenticated modes only.
-	cache     *metaCache
-	jrnl      *journal
-	slabs     *slabPool
-	overrides map[uint64]record // read-only recovery in memory; immutable after Open
-	maxBatch  int64
-	interval  time.Duration
-	epoch     time.Time
-	roundMax  int // distinct groups per commit round (metadata blocks pinned at once)
-	recovery  Recovery
+	cache       *metaCache
+	jrnl        *journal
+	slabs       *slabPool
+	overrides   map[uint64]record // read-only recovery in memory; immutable after Open
+	maxBatch    int64
+	commitBytes int64 // a batch this large is committed at once (see Config.CommitBytes)
+	interval    time.Duration
+	epoch       time.Time
+	roundMax    int // distinct groups per commit round (metadata blocks pinned at once)
+	recovery    Recovery
 
 	mu         sync.Mutex
 	cond       sync.Cond // commit finished, batch swapped, or failure
@@ -132,6 +140,7 @@ type Device struct {
 	commitMu   sync.Mutex // held by the committer for a whole commit
 
 	// Committer-only state.
+	dataOps  []dataOp
 	sortBuf  []uint64
 	jentries []journalEntry
 	blocks   []*mblock
@@ -169,6 +178,7 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	}
 	d.pieceSectors = max(1, (1<<20)/d.s)
 	d.chunkSectors = max(1, (64<<10)/d.s)
+	d.readPiece = max(1, (256<<10)/d.s)
 	d.bufs.New = func() any {
 		b := make([]byte, d.pieceSectors*d.s+sector.Slack)
 		return &b
@@ -220,6 +230,11 @@ func (d *Device) openAuthenticated(cfg Config) error {
 		d.maxBatch = DefaultMaxBatchBytes
 	}
 	d.maxBatch = max(d.maxBatch, int64(d.pieceSectors*d.s))
+	d.commitBytes = cfg.CommitBytes
+	if d.commitBytes <= 0 {
+		d.commitBytes = DefaultCommitBytes
+	}
+	d.commitBytes = min(d.commitBytes, d.maxBatch)
 	d.interval = cfg.CommitInterval
 	if d.interval <= 0 {
 		d.interval = DefaultCommitInterval

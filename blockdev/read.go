@@ -65,6 +65,7 @@ type source struct {
 type readScratch struct {
 	src  []source
 	recs []byte
+	runs []readRun
 }
 
 var readScratchPool = sync.Pool{New: func() any { return new(readScratch) }}
@@ -89,7 +90,7 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 			d.commitMu.Lock()
 		}
 		seen := d.classify(first, src)
-		err := d.fetchDisk(dst, first, src, rs.recs[:n*layout.RecordSize])
+		err := d.fetchDisk(dst, first, src, rs.recs[:n*layout.RecordSize], &rs.runs)
 		ok := err == nil && d.revalidate(first, src, seen)
 		if locked {
 			d.commitMu.Unlock()
@@ -174,8 +175,10 @@ func (d *Device) revalidate(first uint64, src []source, seen uint64) bool {
 
 // fetchDisk fills in the records of the sectors that are in no batch and reads the data
 // of those whose record is not zero, one ReadAt per run of such sectors in a group.
-func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte) error {
+func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte, scratch *[]readRun) error {
 	n := len(src)
+	runs := (*scratch)[:0]
+	defer func() { *scratch = runs }()
 	for k := 0; k < n; {
 		if src[k].kind != srcDisk {
 			k++
@@ -197,25 +200,47 @@ func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte) 
 				}
 			}
 		}
-		// Data of sectors with a record, coalesced into runs.
+		// Data of sectors with a record, coalesced into runs of at most readPiece sectors.
 		for x := k; x < end; {
 			if src[x].kind != srcDisk || src[x].rec.isZero() {
 				x++
 				continue
 			}
 			y := x + 1
-			for y < end && src[y].kind == srcDisk && !src[y].rec.isZero() {
+			for y < end && y-x < d.readPiece && src[y].kind == srcDisk && !src[y].rec.isZero() {
 				y++
 			}
-			if _, err := d.p.ReadAt(dst[x*d.s:y*d.s], d.geo.dataPos(first+uint64(x))); err != nil {
-				return fmt.Errorf("read sectors %d-%d: %w", first+uint64(x), first+uint64(y-1), err)
-			}
+			runs = append(runs, readRun{x, y})
 			x = y
 		}
 		k = end
 	}
-	return nil
+	// The pieces are read in parallel: the kernel's copy out of the page cache is a good
+	// part of a read's cost, and one thread would leave the other cores idle meanwhile.
+	read := func(r readRun) error {
+		if _, err := d.p.ReadAt(dst[r.lo*d.s:r.hi*d.s], d.geo.dataPos(first+uint64(r.lo))); err != nil {
+			return fmt.Errorf("read sectors %d-%d: %w", first+uint64(r.lo), first+uint64(r.hi-1), err)
+		}
+		return nil
+	}
+	switch len(runs) {
+	case 0:
+		return nil
+	case 1:
+		return read(runs[0])
+	}
+	return d.workers.run(len(runs), 1, func(lo, hi int) error {
+		for _, r := range runs[lo:hi] {
+			if err := read(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
+
+// readRun is sectors [lo, hi) of a request, stored contiguously on the provider.
+type readRun struct{ lo, hi int }
 
 // openSources turns sectors [lo, hi) of dst into plaintext. Like sealInSlab it opens in
 // place, borrowing the next sector's first bytes as the tag's room, except for the last

@@ -163,7 +163,7 @@ func (d *Device) addedLocked(b *batch, cost int64) uint64 {
 		d.poke()
 	}
 	b.bytes += cost
-	if b.bytes >= d.maxBatch {
+	if b.bytes >= d.commitBytes {
 		d.poke()
 	}
 	return b.seq
