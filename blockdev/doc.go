@@ -10,8 +10,8 @@
 // One committer goroutine commits batches in order; each commit is one or more rounds of
 // journal (old and new records), sync, data and records in place, sync — docs/format.md,
 // "Journal". A batch is committed when a Flush or FUA write waits for it, when it holds
-// MaxBatchBytes (writers then wait: memory stays bounded), or CommitInterval after its
-// first write. A Flush waits for the newest batch that holds a completed write, so it
+// CommitBytes, or CommitInterval after its first write; while a commit runs, the next
+// batch may grow to MaxBatchBytes, beyond which writers wait (memory stays bounded). A Flush waits for the newest batch that holds a completed write, so it
 // covers writes from every connection.
 //
 // Why this is crash safe: data is written in place only after the journal naming its
@@ -29,7 +29,9 @@
 // CacheBytes; a commit pins the blocks of one round at a time, so rounds are also bounded
 // by half the cache. Large requests are sealed and opened by a fixed pool of GOMAXPROCS
 // workers in 64 KiB chunks (the caller works too); requests of one chunk or less never
-// touch the pool.
+// touch the pool. The provider is read and written in parallel pieces of up to 256 KiB
+// too: the kernel's copy to and from the page cache costs about half as much as the
+// cipher.
 //
 // # Length-preserving modes
 //
