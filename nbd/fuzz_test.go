@@ -343,13 +343,12 @@ func transmissionSeeds() [][]byte {
 	return seeds
 }
 
-// TestWriteFuzzSeeds regenerates testdata/fuzz from the seed functions above when
-// NBD_WRITE_FUZZ_SEEDS=1; the checked-in corpus then runs with every `go test`.
-func TestWriteFuzzSeeds(t *testing.T) {
-	if os.Getenv("NBD_WRITE_FUZZ_SEEDS") != "1" {
-		t.Skip("set NBD_WRITE_FUZZ_SEEDS=1 to regenerate testdata/fuzz")
-	}
-	write := func(target string, i int, args ...any) {
+// TestFuzzSeedsUpToDate checks that testdata/fuzz holds exactly the seeds the functions
+// above produce (the checked-in corpus runs with every `go test`); with
+// NBD_WRITE_FUZZ_SEEDS=1 it rewrites them instead.
+func TestFuzzSeedsUpToDate(t *testing.T) {
+	regenerate := os.Getenv("NBD_WRITE_FUZZ_SEEDS") == "1"
+	check := func(target string, i int, args ...any) {
 		var b bytes.Buffer
 		b.WriteString("go test fuzz v1\n")
 		for _, a := range args {
@@ -361,18 +360,26 @@ func TestWriteFuzzSeeds(t *testing.T) {
 			}
 		}
 		dir := filepath.Join("testdata", "fuzz", target)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
+		path := filepath.Join(dir, fmt.Sprintf("seed%02d", i))
+		if regenerate {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return
 		}
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed%02d", i)), b.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
+		got, err := os.ReadFile(path)
+		if err != nil || !bytes.Equal(got, b.Bytes()) {
+			t.Errorf("%s is missing or stale (%v): regenerate with NBD_WRITE_FUZZ_SEEDS=1 go test ./nbd -run TestFuzzSeedsUpToDate", path, err)
 		}
 	}
 	for i, s := range handshakeSeeds() {
-		write("FuzzHandshake", i, s)
+		check("FuzzHandshake", i, s)
 	}
 	for i, s := range transmissionSeeds() {
-		write("FuzzTransmission", i, s[0], s[1:])
+		check("FuzzTransmission", i, s[0], s[1:])
 	}
 }
 
