@@ -241,21 +241,30 @@ func serveOrSpawn(cmd *cobra.Command, sd stateDir, cfg *serveConfig, foreground 
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 		defer stop()
 		return runServer(ctx, cfg, sd, p, mk, log, func(rec *record) {
-			fmt.Fprintln(cmd.OutOrStdout(), rec.URI)
+			printReady(cmd.OutOrStdout(), rec, cfg)
 		})
 	}
-	uri, err := spawnServer(sd, cfg, p, lock, mk)
+	rec, err := spawnServer(sd, cfg, p, lock, mk)
 	if err != nil {
 		return err
 	}
-	if cfg.Listen != "" {
-		fmt.Fprintf(cmd.OutOrStdout(), "listening on %s (%s)\n", cfg.Listen, map[bool]string{true: "TLS", false: "no TLS"}[cfg.TLSCert != ""])
-	}
-	if cfg.Device != "" {
-		fmt.Fprintf(cmd.OutOrStdout(), "connected %s\n", cfg.Device)
-	}
-	fmt.Fprintln(cmd.OutOrStdout(), uri)
+	printReady(cmd.OutOrStdout(), rec, cfg)
 	return nil
+}
+
+// printReady says where the export is; the last line is its unix URI, for scripts.
+func printReady(out io.Writer, rec *record, cfg *serveConfig) {
+	if rec.Listen != "" {
+		tls := "no TLS"
+		if cfg.TLSCert != "" {
+			tls = "TLS"
+		}
+		fmt.Fprintf(out, "listening on %s (%s)\n", rec.Listen, tls)
+	}
+	if rec.Device != "" {
+		fmt.Fprintf(out, "connected %s\n", rec.Device)
+	}
+	fmt.Fprintln(out, rec.URI)
 }
 
 // runServer serves until ctx ends; ready is called once clients can connect.
@@ -288,33 +297,33 @@ const (
 )
 
 type readyMsg struct {
-	URI   string `json:"uri,omitempty"`
-	Error string `json:"error,omitempty"`
+	Record *record `json:"record,omitempty"`
+	Error  string  `json:"error,omitempty"`
 }
 
 // spawnServer re-executes eli as the background server. The master key goes through a
 // pipe, never argv or the environment; the provider and the name lock are inherited
 // already locked, so no other attach can slip in between.
-func spawnServer(sd stateDir, cfg *serveConfig, p *provider.File, lock *nameLock, mk *keys.MasterKey) (string, error) {
+func spawnServer(sd stateDir, cfg *serveConfig, p *provider.File, lock *nameLock, mk *keys.MasterKey) (*record, error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	cfg.LogFile = sd.file(cfg.Name, ".log")
 	logf, err := os.OpenFile(cfg.LogFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return "", fmt.Errorf("open server log: %w", err)
+		return nil, fmt.Errorf("open server log: %w", err)
 	}
 	defer logf.Close()
 	setupR, setupW, err := os.Pipe()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer setupR.Close()
 	defer setupW.Close()
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer readyR.Close()
 	defer readyW.Close()
@@ -327,14 +336,14 @@ func spawnServer(sd stateDir, cfg *serveConfig, p *provider.File, lock *nameLock
 	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	child.Env = append(os.Environ(), "ELI_STATE_DIR="+sd.path)
 	if err := child.Start(); err != nil {
-		return "", fmt.Errorf("start server: %w", err)
+		return nil, fmt.Errorf("start server: %w", err)
 	}
 	readyW.Close()
 	setupR.Close()
 
 	conf, err := json.Marshal(cfg)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	msg := binary.BigEndian.AppendUint32(nil, uint32(len(conf)))
 	msg = append(msg, conf...)
@@ -345,7 +354,7 @@ func spawnServer(sd stateDir, cfg *serveConfig, p *provider.File, lock *nameLock
 	if werr != nil {
 		child.Process.Kill()
 		child.Wait()
-		return "", fmt.Errorf("hand the key to the server: %w", werr)
+		return nil, fmt.Errorf("hand the key to the server: %w", werr)
 	}
 
 	// The child's exit is not awaited: it is the server and outlives us. Release it.
@@ -354,12 +363,15 @@ func spawnServer(sd stateDir, cfg *serveConfig, p *provider.File, lock *nameLock
 	var rm readyMsg
 	if rerr != nil || json.Unmarshal(line, &rm) != nil {
 		tail := logTail(cfg.LogFile)
-		return "", fmt.Errorf("server exited before it was ready%s", tail)
+		return nil, fmt.Errorf("server exited before it was ready%s", tail)
 	}
 	if rm.Error != "" {
-		return "", errors.New(rm.Error)
+		return nil, errors.New(rm.Error)
 	}
-	return rm.URI, nil
+	if rm.Record == nil {
+		return nil, fmt.Errorf("server said it was ready but sent no record%s", logTail(cfg.LogFile))
+	}
+	return rm.Record, nil
 }
 
 // logTail returns the last line of the server's log, for an error message.
@@ -424,7 +436,7 @@ func runBackgroundServer(g *globalOptions) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	err = runServer(ctx, cfg, sd, p, mk, log, func(rec *record) {
-		b, _ := json.Marshal(readyMsg{URI: rec.URI})
+		b, _ := json.Marshal(readyMsg{Record: rec})
 		readyW.Write(append(b, '\n'))
 		readyW.Close()
 	})

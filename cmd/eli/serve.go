@@ -141,6 +141,7 @@ type server struct {
 	log       *slog.Logger
 	servers   []*nbd.Server
 	listeners []net.Listener // not yet handed to a server
+	tcpAddr   string         // the TCP listener's address, if any
 	errc      chan error
 	devIndex  int
 	rec       *record
@@ -175,6 +176,7 @@ func startServer(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *sl
 			return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 		}
 		s.listeners = append(s.listeners, tl)
+		s.tcpAddr = tl.Addr().String() // the port, when cfg.Listen asked for any
 	}
 
 	if s.vol, err = openVolume(cfg, p, mk, log); err != nil {
@@ -209,7 +211,7 @@ func startServer(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *sl
 	dev, ino, _ := fileID(cfg.Provider)
 	s.rec = &record{
 		Name: cfg.Name, Provider: cfg.Provider, Dev: dev, Ino: ino, Mode: s.vol.mode.String(),
-		SectorSize: d.SectorSize(), Size: d.Size(), Socket: cfg.Socket, Listen: cfg.Listen, URI: unixURI(cfg.Socket),
+		SectorSize: d.SectorSize(), Size: d.Size(), Socket: cfg.Socket, Listen: s.tcpAddr, URI: unixURI(cfg.Socket),
 		Device: cfg.Device, DeviceIdx: s.devIndex, ReadOnly: cfg.ReadOnly, Onetime: cfg.Onetime,
 		Pid: os.Getpid(), Log: cfg.LogFile,
 	}
