@@ -501,3 +501,35 @@ func TestCache(t *testing.T) {
 		t.Fatalf("cache without Cacher: error %d", r.err)
 	}
 }
+
+// TestClientGoneMidWrite: a client that disconnects in the middle of a write's payload
+// loses that write, and only that write: the backend never sees a partial payload, the
+// writes it completed before stay, and the server goes on serving other clients.
+func TestClientGoneMidWrite(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	path := serveUnix(t, oneExportServer(mem, nil))
+	rc, _ := mustConnect(t, path, true)
+	done := pattern(4096, 1)
+	if r := rc.roundTrip(t, cmdWrite, 0, 0, 4096, done); r.err != 0 {
+		t.Fatalf("first write: error %d", r.err)
+	}
+	// Header for 64 KiB at offset 64 KiB, then a fifth of the payload, then hang up.
+	hdr := reqBytes(cmdWrite, 0, 7, 65536, 65536, nil)
+	if err := rc.write(append(hdr, pattern(65536, 2)[:13107]...)); err != nil {
+		t.Fatal(err)
+	}
+	rc.c.Close()
+
+	// A new client sees the first write and nothing of the torn one.
+	rc2, _ := mustConnect(t, path, true)
+	r := rc2.roundTrip(t, cmdRead, 0, 0, 4096, nil)
+	mustEqual(t, "completed write", r.data, done)
+	r = rc2.roundTrip(t, cmdRead, 0, 65536, 65536, nil)
+	mustEqual(t, "torn write's range", r.data, make([]byte, 65536))
+	for _, op := range mem.opsCopy() {
+		if op.name == "write" && op.off == 65536 {
+			t.Fatalf("the backend saw the torn write: %+v", op)
+		}
+	}
+}
