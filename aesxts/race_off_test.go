@@ -1,0 +1,5 @@
+//go:build !race
+
+package aesxts
+
+const raceEnabled = false
