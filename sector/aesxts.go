@@ -1,24 +1,25 @@
 package sector
 
 import (
-	"crypto/aes"
 	"crypto/subtle"
 	"fmt"
 
-	"golang.org/x/crypto/xts"
+	"github.com/elidisk/eli/aesxts"
 )
 
-// aesXTS is AES-XTS (IEEE 1619) from golang.org/x/crypto/xts, with the sector index as
-// the tweak: the data unit number, little-endian in the first 8 bytes of the 16-byte
-// tweak block, as geli and dm-crypt's plain64 number sectors. The key is two AES keys,
-// data key then tweak key: 64 bytes for aes-xts (AES-256), 32 for aes128-xts.
+// aesXTS is AES-XTS (IEEE 1619) from package aesxts, with the sector index as the
+// tweak: the data unit number, little-endian in the first 8 bytes of the 16-byte tweak
+// block, as geli and dm-crypt's plain64 number sectors. The key is two AES keys, data key
+// then tweak key: 64 bytes for aes-xts (AES-256), 32 for aes128-xts. aesxts runs AES-NI
+// or VAES assembly where the CPU has it and golang.org/x/crypto/xts elsewhere; every
+// implementation gives x/crypto/xts's bytes.
 //
 // Confidentiality only, per sector: equal plaintexts at one index give equal
 // ciphertexts, and a changed ciphertext decrypts to garbage rather than to an error.
 type aesXTS struct {
 	mode Mode
 	size int
-	c    *xts.Cipher // nil after Wipe
+	c    *aesxts.Cipher // nil after Wipe
 }
 
 func newAESXTS(p Params) (Codec, error) {
@@ -28,8 +29,8 @@ func newAESXTS(p Params) (Codec, error) {
 	if subtle.ConstantTimeCompare(p.Key[:half], p.Key[half:]) == 1 {
 		return nil, fmt.Errorf("sector: %s key is unusable: its data and tweak halves are equal", p.Mode)
 	}
-	// xts.NewCipher keeps only the AES key schedules, never p.Key itself.
-	c, err := xts.NewCipher(aes.NewCipher, p.Key)
+	// aesxts.New keeps only the AES round keys, never p.Key itself.
+	c, err := aesxts.New(p.Key)
 	if err != nil {
 		return nil, fmt.Errorf("sector: %s: %w", p.Mode, err)
 	}
@@ -61,11 +62,31 @@ func (c *aesXTS) Open(index uint64, buf, _ []byte) error {
 	return nil
 }
 
-// Wipe drops the cipher. The AES round keys live inside crypto/aes, whose API cannot
-// zero them; they become unreachable and are overwritten when the memory is reused.
-func (c *aesXTS) Wipe() { c.c = nil }
+// SealRun encrypts the run in one aesxts call, which computes each sector's tweak while
+// the previous sector's blocks are in flight.
+func (c *aesXTS) SealRun(first uint64, dst, src []byte) {
+	mustRun(c.mode, c.size, dst, src)
+	c.live().EncryptSectors(dst, src, c.size, first)
+}
 
-func (c *aesXTS) live() *xts.Cipher {
+func (c *aesXTS) OpenRun(first uint64, dst, src []byte) error {
+	if err := checkRun(c.mode, c.size, dst, src); err != nil {
+		return err
+	}
+	c.live().DecryptSectors(dst, src, c.size, first)
+	return nil
+}
+
+// Wipe zeroes the AES round keys (with the x/crypto/xts fallback they live inside
+// crypto/aes, which cannot zero them: they become unreachable instead).
+func (c *aesXTS) Wipe() {
+	if c.c != nil {
+		c.c.Wipe()
+	}
+	c.c = nil
+}
+
+func (c *aesXTS) live() *aesxts.Cipher {
 	if c.c == nil {
 		panic("sector: " + c.mode.String() + " codec used after Wipe")
 	}

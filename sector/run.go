@@ -56,25 +56,6 @@ func inexactOverlap(x, y []byte) bool {
 	return xs <= ys+uintptr(len(y)-1) && ys <= xs+uintptr(len(x)-1)
 }
 
-func (c *aesXTS) SealRun(first uint64, dst, src []byte) {
-	mustRun(c.mode, c.size, dst, src)
-	x := c.live()
-	for k := 0; k < len(src); k += c.size {
-		x.Encrypt(dst[k:k+c.size], src[k:k+c.size], first+uint64(k/c.size))
-	}
-}
-
-func (c *aesXTS) OpenRun(first uint64, dst, src []byte) error {
-	if err := checkRun(c.mode, c.size, dst, src); err != nil {
-		return err
-	}
-	x := c.live()
-	for k := 0; k < len(src); k += c.size {
-		x.Decrypt(dst[k:k+c.size], src[k:k+c.size], first+uint64(k/c.size))
-	}
-	return nil
-}
-
 func (c noneCodec) SealRun(_ uint64, dst, src []byte) {
 	mustRun(ModeNone, c.size, dst, src)
 	copy(dst, src)
