@@ -31,8 +31,12 @@ func (g *gen) aesniBody(d direction, rounds int) {
 
 	g.label(p + "unit")
 	g.op("MOVO X14, X8")
+	// The next unit's tweak, if there is one, while this one's blocks run.
+	g.op("CMPQ R12, $1")
+	g.op("JEQ %slast", p)
 	g.op("INCQ R10")
-	g.tweakSSE(rounds) // the next unit's, while this one's blocks run
+	g.tweakSSE(rounds)
+	g.label(p + "last")
 	g.op("MOVQ R8, DX")
 	g.op("CMPQ DX, $128")
 	g.op("JB %stail", p)

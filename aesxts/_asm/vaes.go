@@ -64,11 +64,14 @@ func (g *gen) vaesBody(d direction, rounds int) {
 		g.op("VPSLLVQ sllcnt<>+%d(SB), Z14, %s", 64*i, z(zTweak, i))
 		g.op("VPTERNLOGQ $0x96, Z4, Z5, %s", z(zTweak, i))
 	}
-	// The next unit's tweak, while this one's blocks run. (Building the next unit's
-	// 16 tweaks here too measured slower: the waiting instructions crowd out the
-	// blocks'.)
+	// The next unit's tweak, if there is one, while this one's blocks run. (Building
+	// the next unit's 16 tweaks here too measured slower: the waiting instructions
+	// crowd out the blocks'.)
+	g.op("CMPQ R12, $1")
+	g.op("JEQ %slast", p)
 	g.op("INCQ R10")
 	g.tweakVEX(rounds)
+	g.label(p + "last")
 	g.op("MOVQ R8, DX")
 
 	step := 64 * vaesWide
