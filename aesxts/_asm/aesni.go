@@ -2,17 +2,20 @@ package main
 
 // aesni emits encAESNI or decAESNI: XTS on XMM registers with AES-NI and SSE2.
 //
-// Registers: X0..X7 eight blocks, X8 the tweak of the next block, X9 scratch, X10 the
-// carry mask, X11 the current round key, X12 the last round key, X13 the first, X14 the
-// next unit's first tweak, X15 the tweak key's current round key. The 128-byte frame
-// holds, for each of the eight blocks, its tweak XOR the last round key:
-// AESENCLAST(x, k^T) = AESENCLAST(x, k)^T (the last round ends with the key XOR, and so
-// does AESDECLAST), so the tweak's second XOR costs nothing, and sixteen registers hold
-// everything else.
+// Registers: X0..X7 eight blocks, X8 the tweak of the first block not yet given one,
+// X9 scratch, X10 the carry mask, X11 the current round key, X12 the last round key, X13
+// the first, X14 the next unit's first tweak, X15 the tweak key's current round key.
+//
+// The 256-byte frame holds two sets of eight tweaks. 0..127: the current batch's, each
+// XOR the last round key: AESENCLAST(x, k^T) = AESENCLAST(x, k)^T (the last round ends
+// with the key XOR, and so does AESDECLAST), so the tweak's second XOR costs nothing.
+// 128..255: the next batch's, made one per round between the current batch's AES
+// instructions, so that a batch starts with its tweaks ready instead of with a chain of
+// eight dependent multiplications (13% more throughput per 4 KiB on Zen 4).
 func (g *gen) aesni(d direction) {
 	name := d.name + "AESNI"
 	g.line("// func %s(k, tk *[240]byte, rounds int, dst, src *byte, unit, count int, first uint64)", name)
-	g.line("TEXT ·%s(SB), NOSPLIT, $128-%d", name, kernelArgs)
+	g.line("TEXT ·%s(SB), NOSPLIT, $256-%d", name, kernelArgs)
 	g.loadArgs()
 	g.op("MOVOU carrymask<>(SB), X10")
 	g.op("CMPQ R9, $10")
@@ -37,6 +40,11 @@ func (g *gen) aesniBody(d direction, rounds int) {
 	g.op("INCQ R10")
 	g.tweakSSE(rounds)
 	g.label(p + "last")
+	// The tweaks of the unit's first eight blocks.
+	for i := 0; i < 8; i++ {
+		g.op("MOVOU X8, %d(SP)", 128+16*i)
+		g.mulAlphaSSE("X8", "X9")
+	}
 	g.op("MOVQ R8, DX")
 	g.op("CMPQ DX, $128")
 	g.op("JB %stail", p)
@@ -44,18 +52,21 @@ func (g *gen) aesniBody(d direction, rounds int) {
 	g.label(p + "loop8")
 	for i := 0; i < 8; i++ {
 		x := reg("X", i)
+		g.op("MOVOU %d(SP), X9", 128+16*i)
 		g.op("MOVOU %d(SI), %s", 16*i, x)
-		g.op("PXOR X8, %s", x)
+		g.op("PXOR X9, %s", x)
 		g.op("PXOR X13, %s", x)
-		g.op("MOVO X8, X9")
 		g.op("PXOR X12, X9")
 		g.op("MOVOU X9, %d(SP)", 16*i)
-		g.mulAlphaSSE("X8", "X9")
 	}
 	for r := 1; r < rounds; r++ {
 		g.op("MOVOU %d(AX), X11", 16*r)
 		for i := 0; i < 8; i++ {
 			g.op("%s X11, X%d", d.round, i)
+		}
+		if r <= 8 { // the next batch's tweak r-1 (wasted after the last batch)
+			g.op("MOVOU X8, %d(SP)", 128+16*(r-1))
+			g.mulAlphaSSE("X8", "X9")
 		}
 	}
 	for i := 0; i < 8; i++ {
@@ -69,18 +80,18 @@ func (g *gen) aesniBody(d direction, rounds int) {
 	g.op("CMPQ DX, $128")
 	g.op("JAE %sloop8", p)
 
-	// Fewer than eight blocks left: one at a time. Units of whole 128 bytes (every
-	// sector size) never get here.
+	// Fewer than eight blocks left, their tweaks waiting in the frame: one block at a
+	// time. Units of whole 128 bytes (every sector size) never get here.
 	g.label(p + "tail")
 	g.op("TESTQ DX, DX")
 	g.op("JZ %snext", p)
+	g.op("LEAQ 128(SP), R11")
 	g.label(p + "loop1")
 	g.op("MOVOU 0(SI), X0")
-	g.op("PXOR X8, X0")
+	g.op("MOVOU 0(R11), X1")
+	g.op("PXOR X1, X0")
 	g.op("PXOR X13, X0")
-	g.op("MOVO X8, X1")
 	g.op("PXOR X12, X1")
-	g.mulAlphaSSE("X8", "X9")
 	for r := 1; r < rounds; r++ {
 		g.op("MOVOU %d(AX), X11", 16*r)
 		g.op("%s X11, X0", d.round)
@@ -89,6 +100,7 @@ func (g *gen) aesniBody(d direction, rounds int) {
 	g.op("MOVOU X0, 0(DI)")
 	g.op("ADDQ $16, SI")
 	g.op("ADDQ $16, DI")
+	g.op("ADDQ $16, R11")
 	g.op("SUBQ $16, DX")
 	g.op("JNZ %sloop1", p)
 
@@ -98,7 +110,7 @@ func (g *gen) aesniBody(d direction, rounds int) {
 
 	// Tweaks and round keys are secret: clear the frame and the registers that held them.
 	g.op("PXOR X9, X9")
-	for i := 0; i < 8; i++ {
+	for i := 0; i < 16; i++ {
 		g.op("MOVOU X9, %d(SP)", 16*i)
 	}
 	for _, x := range []string{"X1", "X8", "X11", "X12", "X13", "X14", "X15"} {
@@ -131,3 +143,4 @@ func (g *gen) mulAlphaSSE(t, s string) {
 	g.op("PADDQ %s, %s", t, t) // both 64-bit halves shifted left by one
 	g.op("PXOR %s, %s", s, t)
 }
+
