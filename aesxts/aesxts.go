@@ -15,7 +15,17 @@
 // or, where the CPU has VAES, VPCLMULQDQ and AVX-512, 16 blocks in ZMM registers. The key
 // schedule comes from AESKEYGENASSIST: no table is indexed by key bytes. Under the purego
 // build tag, on other architectures and on CPUs without AES-NI, x/crypto/xts does the
-// work. Implementation reports which.
+// work. Implementation reports which; GODEBUG=cpu.avx512vaes=off (AES-NI) or cpu.aes=off
+// (x/crypto/xts) forces a slower one for a whole process, as golang.org/x/sys/cpu reads
+// GODEBUG.
+//
+// EncryptSectors and DecryptSectors take a run of consecutive units in one call, and the
+// kernels encrypt each unit's tweak while the previous unit is in flight: use them for
+// runs. On the AMD EPYC (Zen 4) this was written on, one thread, CPU time, medians of 5
+// (go test -bench 'Engines|Sectors|OpenSSL' ./aesxts), AES-256-XTS runs at 36× the
+// speed of x/crypto/xts with VAES and 16–20× with AES-NI; beside `openssl speed -evp
+// aes-256-xts` (OpenSSL 3.0, one unit per call, AES-NI): VAES 1.6× at 512 bytes and 2.0×
+// at 4096 per call, 2.1–2.3× on runs; AES-NI 0.9× at 512 bytes and 1.1× at 4096.
 package aesxts
 
 import (

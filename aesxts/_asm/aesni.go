@@ -143,4 +143,3 @@ func (g *gen) mulAlphaSSE(t, s string) {
 	g.op("PADDQ %s, %s", t, t) // both 64-bit halves shifted left by one
 	g.op("PXOR %s, %s", s, t)
 }
-
