@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/elidisk/eli/internal/cputime"
 )
 
 // cpuLoop runs f for b.N ops and reports, beside wall time, CPU time per op and the
@@ -17,11 +19,11 @@ import (
 func cpuLoop(b *testing.B, size int, f func()) {
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
-	start := processCPU()
+	start := cputime.Process()
 	for b.Loop() {
 		f()
 	}
-	if cpu := processCPU() - start; cpu > 0 {
+	if cpu := cputime.Process() - start; cpu > 0 {
 		ns := float64(cpu.Nanoseconds()) / float64(b.N)
 		b.ReportMetric(ns, "cpu-ns/op")
 		b.ReportMetric(float64(size)/ns*1e3, "cpu-MB/s")

@@ -10,10 +10,10 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/cputime"
 	"github.com/elidisk/eli/layout"
 
 	"golang.org/x/crypto/chacha20poly1305"
@@ -204,7 +204,7 @@ func BenchmarkDeviceVsRaw(b *testing.B) {
 			b.SetBytes(req)
 			b.ResetTimer()
 			for i := 0; i < b.N; {
-				start, cpu0 := time.Now(), cpuTime()
+				start, cpu0 := time.Now(), cputime.Process()
 				k := min(burst, b.N-i)
 				for range k {
 					off := int64(i) % n * req
@@ -225,17 +225,17 @@ func BenchmarkDeviceVsRaw(b *testing.B) {
 					}
 				}
 				devTime += time.Since(start)
-				devCPU += cpuTime() - cpu0
+				devCPU += cputime.Process() - cpu0
 				devBytes += int64(k) * req
 				b.StopTimer()
-				cpu0 = cpuTime()
+				cpu0 = cputime.Process()
 				t, n := rawXChaCha(int64(k)*req, !write, false)
-				rawCPU += cpuTime() - cpu0
+				rawCPU += cputime.Process() - cpu0
 				rawTime += t
 				rawBytes += n
-				cpu0 = cpuTime()
+				cpu0 = cputime.Process()
 				_, n = rawXChaCha(int64(k)*req, !write, true)
-				streamCPU += cpuTime() - cpu0
+				streamCPU += cputime.Process() - cpu0
 				streamBytes += n
 				b.StartTimer()
 			}
@@ -251,15 +251,6 @@ func BenchmarkDeviceVsRaw(b *testing.B) {
 			b.ReportMetric((streamCPU.Seconds()/float64(streamBytes))/devPerByte, "stream-cpu-ratio")
 		})
 	}
-}
-
-// cpuTime is the CPU time (user and system) the process used so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		panic(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkRandomWrite4K: 4 KiB writes at random sector-aligned offsets, a Flush after

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/elidisk/eli/internal/cputime"
 	"golang.org/x/crypto/chacha20"
 )
 
@@ -14,11 +15,11 @@ var benchSizes = []int{512, 4096, 65536}
 // and `openssl speed` divides by CPU time too (unless -elapsed).
 func cpuLoop(b *testing.B, size int, f func()) {
 	b.SetBytes(int64(size))
-	start := processCPU()
+	start := cputime.Process()
 	for b.Loop() {
 		f()
 	}
-	if cpu := processCPU() - start; cpu > 0 {
+	if cpu := cputime.Process() - start; cpu > 0 {
 		ns := float64(cpu.Nanoseconds()) / float64(b.N)
 		b.ReportMetric(ns, "cpu-ns/op")
 		b.ReportMetric(float64(size)/ns*1e3, "cpu-MB/s")

@@ -1,41 +1,12 @@
 package chacha
 
 import (
-	"bytes"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"testing"
+
+	"github.com/elidisk/eli/internal/gentest"
 )
 
-// TestGeneratedAssemblyUpToDate regenerates chacha_amd64.s with _asm and compares it
-// with the checked-in file, so that the generator and its output cannot drift apart.
+// TestGeneratedAssemblyUpToDate: chacha_amd64.s is what _asm generates.
 func TestGeneratedAssemblyUpToDate(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the generator; skipped with -short")
-	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		if goBin, err = exec.LookPath("go"); err != nil {
-			t.Skip("no go command to run the generator with")
-		}
-	}
-	out := filepath.Join(t.TempDir(), "chacha_amd64.s")
-	cmd := exec.Command(goBin, "run", ".", "-out", out)
-	cmd.Dir = "_asm"
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("running the generator: %v\n%s", err, msg)
-	}
-	got, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := os.ReadFile("chacha_amd64.s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatal("chacha_amd64.s differs from the generator's output: run `go generate ./chacha`")
-	}
+	gentest.UpToDate(t, "chacha_amd64.s", "go generate ./chacha")
 }

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+
+	"github.com/elidisk/eli/internal/cputime"
 )
 
 // BenchmarkLengthPreserving seals one sector per op, each at a new index (the unsafe
@@ -19,14 +21,14 @@ func BenchmarkLengthPreserving(b *testing.B) {
 				b.SetBytes(int64(size))
 				b.ReportAllocs()
 				index := uint64(0)
-				start := lpProcessCPU()
+				start := cputime.Process()
 				for b.Loop() {
 					c.Seal(index, buf, nil)
 					index++
 				}
 				// CPU time beside wall time: on a shared machine wall time includes time
 				// spent descheduled.
-				if cpu := lpProcessCPU() - start; cpu > 0 {
+				if cpu := cputime.Process() - start; cpu > 0 {
 					ns := float64(cpu.Nanoseconds()) / float64(b.N)
 					b.ReportMetric(ns, "cpu-ns/op")
 					b.ReportMetric(float64(size)/ns*1e3, "cpu-MB/s")

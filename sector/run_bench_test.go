@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+
+	"github.com/elidisk/eli/internal/cputime"
 )
 
 // BenchmarkSealRun seals one 64 KiB run per op (blockdev's parallel chunk: 16 sectors of
@@ -49,11 +51,11 @@ func BenchmarkSealRun(b *testing.B) {
 func runCPULoop(b *testing.B, size int, f func()) {
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
-	start := lpProcessCPU()
+	start := cputime.Process()
 	for b.Loop() {
 		f()
 	}
-	if cpu := lpProcessCPU() - start; cpu > 0 {
+	if cpu := cputime.Process() - start; cpu > 0 {
 		ns := float64(cpu.Nanoseconds()) / float64(b.N)
 		b.ReportMetric(ns, "cpu-ns/op")
 		b.ReportMetric(float64(size)/ns*1e3, "cpu-MB/s")

@@ -1,14 +1,13 @@
 //go:build unix
 
-package sector
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// lpProcessCPU is the CPU time (user + system) this process has used so far.
-func lpProcessCPU() time.Duration {
+func process() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
