@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // BenchmarkVsNbdkit measures this server beside nbdkit's file plugin, serving the same
@@ -273,10 +275,10 @@ func BenchmarkServer(b *testing.B) {
 		typ  uint16
 		size int
 	}{
-		{"read-4k", cmdRead, 4 << 10},
-		{"write-4k", cmdWrite, 4 << 10},
-		{"read-256k", cmdRead, 256 << 10},
-		{"write-256k", cmdWrite, 256 << 10},
+		{"read-4k", nbdproto.CmdRead, 4 << 10},
+		{"write-4k", nbdproto.CmdWrite, 4 << 10},
+		{"read-256k", nbdproto.CmdRead, 256 << 10},
+		{"write-256k", nbdproto.CmdWrite, 256 << 10},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			srv := &Server{Exports: []Export{{Backend: nullBackend{1 << 30}}}}
@@ -288,7 +290,7 @@ func BenchmarkServer(b *testing.B) {
 				b.Fatal(err)
 			}
 			var payload []byte
-			if tc.typ == cmdWrite {
+			if tc.typ == nbdproto.CmdWrite {
 				payload = make([]byte, tc.size)
 			}
 			const depth = 32
@@ -297,14 +299,14 @@ func BenchmarkServer(b *testing.B) {
 				frames[i] = reqBytes(tc.typ, 0, uint64(i), uint64(i*tc.size), uint32(tc.size), payload)
 			}
 			br := bufio.NewReaderSize(rc.c, 1<<20)
-			var hdr [structuredHeaderLen]byte
+			var hdr [nbdproto.StructuredHeaderLen]byte
 			readOne := func() {
 				if _, err := io.ReadFull(br, hdr[:4]); err != nil {
 					b.Fatal(err)
 				}
 				n := 0
-				if binary.BigEndian.Uint32(hdr[:4]) == magicSimpleReply {
-					n = simpleReplyHeaderLen - 4
+				if binary.BigEndian.Uint32(hdr[:4]) == nbdproto.MagicSimpleReply {
+					n = nbdproto.SimpleReplyHeaderLen - 4
 				} else {
 					if _, err := io.ReadFull(br, hdr[4:]); err != nil {
 						b.Fatal(err)

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // Tests against real NBD clients. Each skips, saying why, when its tool is missing; CI
@@ -477,7 +479,7 @@ func TestSIGTERM(t *testing.T) {
 	const n = 32
 	want := randomBytes(t, n*65536)
 	for h := uint64(0); h < n; h++ {
-		if err := rc.send(cmdWrite, 0, h, h*65536, 65536, want[h*65536:(h+1)*65536]); err != nil {
+		if err := rc.send(nbdproto.CmdWrite, 0, h, h*65536, 65536, want[h*65536:(h+1)*65536]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -494,7 +496,7 @@ func TestSIGTERM(t *testing.T) {
 	done := map[uint64]bool{first.handle: true}
 	for i := 1; i < n; i++ {
 		r, err := rc.readReply()
-		if err != nil || (r.err != 0 && r.err != errShutdown) {
+		if err != nil || (r.err != 0 && r.err != nbdproto.EShutdown) {
 			t.Fatalf("reply %d after SIGTERM: %+v %v\n%s", i, r, err, logs.String())
 		}
 		if r.err == 0 {

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // readBufSize lets one read syscall take in many small requests at once.
@@ -156,7 +158,7 @@ func (c *conn) transmit() (string, slog.Level) {
 }
 
 func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
-	var h [requestHeaderLen]byte
+	var h [nbdproto.RequestHeaderLen]byte
 	for {
 		if _, err := io.ReadFull(br, h[:]); err != nil {
 			return c.readFailure(err, true)
@@ -168,20 +170,20 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			off:    binary.BigEndian.Uint64(h[16:]),
 			length: binary.BigEndian.Uint32(h[24:]),
 		}
-		if m := binary.BigEndian.Uint32(h[0:]); m != magicRequest {
+		if m := binary.BigEndian.Uint32(h[0:]); m != nbdproto.MagicRequest {
 			return fmt.Sprintf("protocol error: bad request magic %#08x", m), slog.LevelWarn
 		}
-		if r.typ == cmdDisc {
+		if r.typ == nbdproto.CmdDisc {
 			return "client disconnected", slog.LevelInfo
 		}
 		c.requests.Add(1)
-		if r.typ == cmdWrite && r.length > MaxRequest {
+		if r.typ == nbdproto.CmdWrite && r.length > MaxRequest {
 			// Reading the payload would mean holding it; proto.md lets the server
 			// treat such a length as a denial of service and disconnect.
 			return fmt.Sprintf("protocol error: write of %d bytes exceeds the %d-byte limit", r.length, MaxRequest), slog.LevelWarn
 		}
 		if code, msg := c.check(&r); code != 0 {
-			if r.typ == cmdWrite {
+			if r.typ == nbdproto.CmdWrite {
 				// Take the payload off the wire without holding it.
 				if _, err := io.CopyN(io.Discard, br, int64(r.length)); err != nil {
 					return c.readFailure(err, false)
@@ -192,7 +194,7 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			continue
 		}
 		var held int64
-		if r.typ == cmdRead || r.typ == cmdWrite {
+		if r.typ == nbdproto.CmdRead || r.typ == nbdproto.CmdWrite {
 			held = int64(r.length)
 		}
 		acquired := false
@@ -205,13 +207,13 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			// The server is stopping (or the connection is being torn down): refuse
 			// what is still arriving, as proto.md asks ("any subsequently received
 			// requests SHOULD be ESHUTDOWN"), rather than drop it unanswered.
-			if r.typ == cmdWrite {
+			if r.typ == nbdproto.CmdWrite {
 				if _, err := io.CopyN(io.Discard, br, int64(r.length)); err != nil {
 					return c.readFailure(err, false)
 				}
 			}
 			c.failed.Add(1)
-			c.replyError(&r, errShutdown, "the server is shutting down", -1)
+			c.replyError(&r, nbdproto.EShutdown, "the server is shutting down", -1)
 			continue
 		}
 		req := requestPool.Get().(*request)
@@ -220,7 +222,7 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 		if held > 0 {
 			req.buf = getBuf(int(held))
 		}
-		if r.typ == cmdWrite && held > 0 {
+		if r.typ == nbdproto.CmdWrite && held > 0 {
 			if _, err := io.ReadFull(br, *req.buf); err != nil {
 				c.release(req)
 				return c.readFailure(err, false)
@@ -249,72 +251,72 @@ func (c *conn) readFailure(err error, betweenRequests bool) (string, slog.Level)
 // constraints" and "Error values".
 func (c *conn) check(r *request) (uint32, string) {
 	x := c.exp
-	allowed := uint16(cmdFlagFUA) // valid on every command (proto.md "Command flags")
+	allowed := uint16(nbdproto.CmdFlagFUA) // valid on every command (proto.md "Command flags")
 	write := false
 	switch r.typ {
-	case cmdRead:
+	case nbdproto.CmdRead:
 		if c.structured {
-			allowed |= cmdFlagDF
+			allowed |= nbdproto.CmdFlagDF
 		}
-	case cmdWrite, cmdTrim:
+	case nbdproto.CmdWrite, nbdproto.CmdTrim:
 		write = true
-	case cmdWriteZeroes:
+	case nbdproto.CmdWriteZeroes:
 		write = true
-		allowed |= cmdFlagNoHole | cmdFlagFastZero
-	case cmdFlush, cmdCache:
-	case cmdBlockStatus:
-		return errInval, "NBD_CMD_BLOCK_STATUS needs a metadata context; this server offers none"
+		allowed |= nbdproto.CmdFlagNoHole | nbdproto.CmdFlagFastZero
+	case nbdproto.CmdFlush, nbdproto.CmdCache:
+	case nbdproto.CmdBlockStatus:
+		return nbdproto.EInval, "NBD_CMD_BLOCK_STATUS needs a metadata context; this server offers none"
 	default:
-		return errInval, fmt.Sprintf("unknown command %d", r.typ)
+		return nbdproto.EInval, fmt.Sprintf("unknown command %d", r.typ)
 	}
 	if r.flags&^allowed != 0 {
-		return errInval, fmt.Sprintf("command flags %#x are not valid for %s", r.flags&^allowed, cmdName(r.typ))
+		return nbdproto.EInval, fmt.Sprintf("command flags %#x are not valid for %s", r.flags&^allowed, cmdName(r.typ))
 	}
 	if write && x.ReadOnly {
-		return errPerm, "the export is read-only"
+		return nbdproto.EPerm, "the export is read-only"
 	}
-	if r.typ == cmdFlush {
+	if r.typ == nbdproto.CmdFlush {
 		if r.off != 0 || r.length != 0 {
-			return errInval, "NBD_CMD_FLUSH must have zero offset and length"
+			return nbdproto.EInval, "NBD_CMD_FLUSH must have zero offset and length"
 		}
 		return 0, ""
 	}
 	end := r.off + uint64(r.length)
 	if end < r.off || end > uint64(x.size) {
-		code := uint32(errInval)
-		if r.typ == cmdWrite || r.typ == cmdWriteZeroes {
-			code = errNoSpc
+		code := uint32(nbdproto.EInval)
+		if r.typ == nbdproto.CmdWrite || r.typ == nbdproto.CmdWriteZeroes {
+			code = nbdproto.ENoSpc
 		}
 		return code, fmt.Sprintf("%s of %d bytes at offset %d goes past the end of the export (%d bytes)", cmdName(r.typ), r.length, r.off, x.size)
 	}
 	if m := uint64(x.minBlock); r.off%m != 0 || uint64(r.length)%m != 0 {
-		return errInval, fmt.Sprintf("%s of %d bytes at offset %d is not aligned to the minimum block size %d", cmdName(r.typ), r.length, r.off, m)
+		return nbdproto.EInval, fmt.Sprintf("%s of %d bytes at offset %d is not aligned to the minimum block size %d", cmdName(r.typ), r.length, r.off, m)
 	}
 	// TRIM and WRITE_ZEROES carry no payload, so their length costs the server nothing
 	// and is not held to the maximum block size.
-	if (r.typ == cmdRead || r.typ == cmdWrite || r.typ == cmdCache) && r.length > x.max {
-		return errInval, fmt.Sprintf("%s of %d bytes exceeds the maximum block size %d", cmdName(r.typ), r.length, x.max)
+	if (r.typ == nbdproto.CmdRead || r.typ == nbdproto.CmdWrite || r.typ == nbdproto.CmdCache) && r.length > x.max {
+		return nbdproto.EInval, fmt.Sprintf("%s of %d bytes exceeds the maximum block size %d", cmdName(r.typ), r.length, x.max)
 	}
 	return 0, ""
 }
 
 func cmdName(t uint16) string {
 	switch t {
-	case cmdRead:
+	case nbdproto.CmdRead:
 		return "NBD_CMD_READ"
-	case cmdWrite:
+	case nbdproto.CmdWrite:
 		return "NBD_CMD_WRITE"
-	case cmdDisc:
+	case nbdproto.CmdDisc:
 		return "NBD_CMD_DISC"
-	case cmdFlush:
+	case nbdproto.CmdFlush:
 		return "NBD_CMD_FLUSH"
-	case cmdTrim:
+	case nbdproto.CmdTrim:
 		return "NBD_CMD_TRIM"
-	case cmdCache:
+	case nbdproto.CmdCache:
 		return "NBD_CMD_CACHE"
-	case cmdWriteZeroes:
+	case nbdproto.CmdWriteZeroes:
 		return "NBD_CMD_WRITE_ZEROES"
-	case cmdBlockStatus:
+	case nbdproto.CmdBlockStatus:
 		return "NBD_CMD_BLOCK_STATUS"
 	}
 	return fmt.Sprintf("command %d", t)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"unicode/utf8"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // OffsetError lets a backend say where inside a request it failed. A failed READ is then
@@ -27,19 +29,19 @@ var errnoTable = []struct {
 	errno syscall.Errno
 	nbd   uint32
 }{
-	{syscall.EPERM, errPerm},
-	{syscall.EACCES, errPerm},
-	{syscall.EROFS, errPerm},
-	{syscall.EIO, errIO},
-	{syscall.ENOMEM, errNoMem},
-	{syscall.EINVAL, errInval},
-	{syscall.ENOSPC, errNoSpc},
-	{syscall.EDQUOT, errNoSpc},
-	{syscall.EFBIG, errNoSpc},
-	{syscall.EOVERFLOW, errOverflow},
-	{syscall.ENOTSUP, errNotSup},
-	{syscall.EOPNOTSUPP, errNotSup},
-	{syscall.ESHUTDOWN, errShutdown},
+	{syscall.EPERM, nbdproto.EPerm},
+	{syscall.EACCES, nbdproto.EPerm},
+	{syscall.EROFS, nbdproto.EPerm},
+	{syscall.EIO, nbdproto.EIO},
+	{syscall.ENOMEM, nbdproto.ENoMem},
+	{syscall.EINVAL, nbdproto.EInval},
+	{syscall.ENOSPC, nbdproto.ENoSpc},
+	{syscall.EDQUOT, nbdproto.ENoSpc},
+	{syscall.EFBIG, nbdproto.ENoSpc},
+	{syscall.EOVERFLOW, nbdproto.EOverflow},
+	{syscall.ENOTSUP, nbdproto.ENotSup},
+	{syscall.EOPNOTSUPP, nbdproto.ENotSup},
+	{syscall.ESHUTDOWN, nbdproto.EShutdown},
 }
 
 // nbdError maps a backend error to an NBD error value; anything unrecognised is EIO, the
@@ -50,27 +52,27 @@ func nbdError(err error) uint32 {
 			return e.nbd
 		}
 	}
-	return errIO
+	return nbdproto.EIO
 }
 
 // errorName is for log lines and messages.
 func errorName(code uint32) string {
 	switch code {
-	case errPerm:
+	case nbdproto.EPerm:
 		return "EPERM"
-	case errIO:
+	case nbdproto.EIO:
 		return "EIO"
-	case errNoMem:
+	case nbdproto.ENoMem:
 		return "ENOMEM"
-	case errInval:
+	case nbdproto.EInval:
 		return "EINVAL"
-	case errNoSpc:
+	case nbdproto.ENoSpc:
 		return "ENOSPC"
-	case errOverflow:
+	case nbdproto.EOverflow:
 		return "EOVERFLOW"
-	case errNotSup:
+	case nbdproto.ENotSup:
 		return "ENOTSUP"
-	case errShutdown:
+	case nbdproto.EShutdown:
 		return "ESHUTDOWN"
 	}
 	return fmt.Sprintf("error %d", code)

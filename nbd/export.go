@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // Defaults for Export's block sizes (proto.md "Block size constraints").
@@ -78,19 +80,19 @@ func checkString(what, s string) error {
 // flags are the transmission flags for this export; structured says whether the client
 // negotiated structured replies (NBD_FLAG_SEND_DF only makes sense with them).
 func (x *export) flags(structured bool) uint16 {
-	f := uint16(tflagHasFlags | tflagSendCache)
+	f := uint16(nbdproto.TflagHasFlags | nbdproto.TflagSendCache)
 	if structured {
 		// The server always answers a read with one data chunk, so "don't fragment" is free.
-		f |= tflagSendDF
+		f |= nbdproto.TflagSendDF
 	}
 	if x.ReadOnly {
 		// Without writes every connection sees the same data, so multi-conn is trivially
 		// safe for a read-only export.
-		return f | tflagReadOnly | tflagCanMultiConn
+		return f | nbdproto.TflagReadOnly | nbdproto.TflagCanMultiConn
 	}
-	f |= tflagSendFlush | tflagSendFUA | tflagSendTrim | tflagSendWriteZeroes | tflagSendFastZero
+	f |= nbdproto.TflagSendFlush | nbdproto.TflagSendFUA | nbdproto.TflagSendTrim | nbdproto.TflagSendWriteZeroes | nbdproto.TflagSendFastZero
 	if x.MultiConn {
-		f |= tflagCanMultiConn
+		f |= nbdproto.TflagCanMultiConn
 	}
 	return f
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // Fuzz targets for the two places that parse client bytes: the handshake and the request
@@ -117,7 +119,7 @@ func play(t *testing.T, s *Server, input []byte) []byte {
 	}
 	// No request may cost more than an export's size in buffers, the handshake at most its
 	// option buffer and replies.
-	requests := uint64(len(input)/requestHeaderLen + 1)
+	requests := uint64(len(input)/nbdproto.RequestHeaderLen + 1)
 	bound := 1<<20 + 64*uint64(len(input)) + requests*(fuzzExportSize+64<<10)
 	if got := after.TotalAlloc - before.TotalAlloc; got > bound {
 		t.Fatalf("serving %d input bytes allocated %d bytes, bound %d", len(input), got, bound)
@@ -133,44 +135,44 @@ func checkHandshakeOutput(t *testing.T, out []byte) []byte {
 	if len(out) < 18 {
 		t.Fatalf("greeting is %d bytes", len(out))
 	}
-	if binary.BigEndian.Uint64(out) != magicNBD || binary.BigEndian.Uint64(out[8:]) != magicOpt ||
-		binary.BigEndian.Uint16(out[16:]) != flagFixedNewstyle|flagNoZeroes {
+	if binary.BigEndian.Uint64(out) != nbdproto.MagicNBD || binary.BigEndian.Uint64(out[8:]) != nbdproto.MagicOpt ||
+		binary.BigEndian.Uint16(out[16:]) != nbdproto.FlagFixedNewstyle|nbdproto.FlagNoZeroes {
 		t.Fatalf("bad greeting % x", out[:18])
 	}
 	out = out[18:]
-	for len(out) >= optionReplyHeaderLen && binary.BigEndian.Uint64(out) == magicOptReply {
+	for len(out) >= nbdproto.OptionReplyHeaderLen && binary.BigEndian.Uint64(out) == nbdproto.MagicOptReply {
 		typ := binary.BigEndian.Uint32(out[12:])
 		n := binary.BigEndian.Uint32(out[16:])
-		if uint64(n) > uint64(len(out)-optionReplyHeaderLen) {
-			t.Fatalf("option reply claims %d bytes, %d follow", n, len(out)-optionReplyHeaderLen)
+		if uint64(n) > uint64(len(out)-nbdproto.OptionReplyHeaderLen) {
+			t.Fatalf("option reply claims %d bytes, %d follow", n, len(out)-nbdproto.OptionReplyHeaderLen)
 		}
-		data := out[optionReplyHeaderLen : optionReplyHeaderLen+n]
+		data := out[nbdproto.OptionReplyHeaderLen : nbdproto.OptionReplyHeaderLen+n]
 		switch typ {
-		case repAck:
+		case nbdproto.RepAck:
 			if n != 0 {
 				t.Fatalf("ACK with %d bytes", n)
 			}
-		case repServer:
+		case nbdproto.RepServer:
 			if n < 4 || binary.BigEndian.Uint32(data) > n-4 {
 				t.Fatalf("malformed NBD_REP_SERVER % x", data)
 			}
-		case repInfo:
+		case nbdproto.RepInfo:
 			if n < 2 {
 				t.Fatalf("short NBD_REP_INFO")
 			}
-			want := map[uint16]uint32{infoExport: infoExportPayloadLen, infoBlockSize: infoBlockPayloadLen}
+			want := map[uint16]uint32{nbdproto.InfoExport: nbdproto.InfoExportPayloadLen, nbdproto.InfoBlockSize: nbdproto.InfoBlockPayloadLen}
 			if w, ok := want[binary.BigEndian.Uint16(data)]; ok && n != w {
 				t.Fatalf("info %d of %d bytes", binary.BigEndian.Uint16(data), n)
 			}
 		default:
-			if typ&repFlagError == 0 {
+			if typ&nbdproto.RepFlagError == 0 {
 				t.Fatalf("unknown option reply type %#x", typ)
 			}
 			if n > maxErrorMessage {
 				t.Fatalf("error message of %d bytes", n)
 			}
 		}
-		out = out[optionReplyHeaderLen+n:]
+		out = out[nbdproto.OptionReplyHeaderLen+n:]
 	}
 	return out
 }
@@ -184,16 +186,16 @@ func checkStructuredStream(t *testing.T, out []byte, handles map[uint64]bool) {
 			t.Fatalf("%d stray bytes", len(out))
 		}
 		switch binary.BigEndian.Uint32(out) {
-		case magicSimpleReply:
-			if len(out) < simpleReplyHeaderLen {
+		case nbdproto.MagicSimpleReply:
+			if len(out) < nbdproto.SimpleReplyHeaderLen {
 				t.Fatal("truncated simple reply")
 			}
 			if h := binary.BigEndian.Uint64(out[8:]); !handles[h] {
 				t.Fatalf("reply to handle %d that no request carried", h)
 			}
-			out = out[simpleReplyHeaderLen:]
-		case magicStructuredReply:
-			if len(out) < structuredHeaderLen {
+			out = out[nbdproto.SimpleReplyHeaderLen:]
+		case nbdproto.MagicStructuredReply:
+			if len(out) < nbdproto.StructuredHeaderLen {
 				t.Fatal("truncated chunk header")
 			}
 			flags := binary.BigEndian.Uint16(out[4:])
@@ -203,28 +205,28 @@ func checkStructuredStream(t *testing.T, out []byte, handles map[uint64]bool) {
 			if !handles[h] {
 				t.Fatalf("chunk for handle %d that no request carried", h)
 			}
-			if flags&^replyFlagDone != 0 || flags&replyFlagDone == 0 {
+			if flags&^nbdproto.ReplyFlagDone != 0 || flags&nbdproto.ReplyFlagDone == 0 {
 				t.Fatalf("chunk flags %#x: the server always sends one chunk, flagged DONE", flags)
 			}
-			if uint64(n) > uint64(len(out)-structuredHeaderLen) {
-				t.Fatalf("chunk claims %d bytes, %d follow", n, len(out)-structuredHeaderLen)
+			if uint64(n) > uint64(len(out)-nbdproto.StructuredHeaderLen) {
+				t.Fatalf("chunk claims %d bytes, %d follow", n, len(out)-nbdproto.StructuredHeaderLen)
 			}
-			p := out[structuredHeaderLen : structuredHeaderLen+n]
+			p := out[nbdproto.StructuredHeaderLen : nbdproto.StructuredHeaderLen+n]
 			switch typ {
-			case chunkNone:
+			case nbdproto.ChunkNone:
 				if n != 0 {
 					t.Fatalf("NONE chunk of %d bytes", n)
 				}
-			case chunkOffsetData:
+			case nbdproto.ChunkOffsetData:
 				if n < 9 || n > 8+MaxRequest {
 					t.Fatalf("data chunk of %d bytes", n)
 				}
 				if off := binary.BigEndian.Uint64(p); off+uint64(n-8) > fuzzExportSize {
 					t.Fatalf("data chunk [%d, +%d) outside the export", off, n-8)
 				}
-			case chunkError, chunkErrorOffset:
+			case nbdproto.ChunkError, nbdproto.ChunkErrorOffset:
 				min := uint32(6)
-				if typ == chunkErrorOffset {
+				if typ == nbdproto.ChunkErrorOffset {
 					min = 14
 				}
 				if n < min || binary.BigEndian.Uint32(p) == 0 || uint32(binary.BigEndian.Uint16(p[4:])) != n-min {
@@ -233,7 +235,7 @@ func checkStructuredStream(t *testing.T, out []byte, handles map[uint64]bool) {
 			default:
 				t.Fatalf("unknown chunk type %d", typ)
 			}
-			out = out[structuredHeaderLen+n:]
+			out = out[nbdproto.StructuredHeaderLen+n:]
 		default:
 			t.Fatalf("bad reply magic % x", out[:4])
 		}
@@ -253,15 +255,15 @@ func FuzzHandshake(f *testing.F) {
 // transmissionPrefix is the handshake a transmission input is played after: mode bit 0
 // asks for structured replies, bit 1 picks the read-only export with 512-byte blocks.
 func transmissionPrefix(mode byte) []byte {
-	b := binary.BigEndian.AppendUint32(nil, flagCFixedNewstyle|flagCNoZeroes)
+	b := binary.BigEndian.AppendUint32(nil, nbdproto.FlagCFixedNewstyle|nbdproto.FlagCNoZeroes)
 	if mode&1 != 0 {
-		b = append(b, optBytes(optStructuredReply, nil)...)
+		b = append(b, optBytes(nbdproto.OptStructuredReply, nil)...)
 	}
 	name := ""
 	if mode&2 != 0 {
 		name = "ro"
 	}
-	return append(b, optBytes(optGo, goData(name, infoBlockSize))...)
+	return append(b, optBytes(nbdproto.OptGo, goData(name, nbdproto.InfoBlockSize))...)
 }
 
 func FuzzTransmission(f *testing.F) {
@@ -288,19 +290,19 @@ func FuzzTransmission(f *testing.F) {
 // Seeds: what well-behaved clients send, and the edge cases the tests single out.
 
 func handshakeSeeds() [][]byte {
-	flags := binary.BigEndian.AppendUint32(nil, flagCFixedNewstyle|flagCNoZeroes)
+	flags := binary.BigEndian.AppendUint32(nil, nbdproto.FlagCFixedNewstyle|nbdproto.FlagCNoZeroes)
 	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
-	bad := optBytes(optList, nil)
+	bad := optBytes(nbdproto.OptList, nil)
 	bad[3] ^= 1
 	return [][]byte{
-		cat(flags, optBytes(optStructuredReply, nil), optBytes(optGo, goData("", infoName, infoDescription, infoBlockSize))),
-		cat(flags, optBytes(optList, nil), optBytes(optAbort, nil)),
-		cat(flags, optBytes(optInfo, goData("ro", infoBlockSize)), optBytes(optInfo, goData("nope")), optBytes(optAbort, nil)),
-		cat(flags, optBytes(optExportName, []byte("ro"))),
-		cat(binary.BigEndian.AppendUint32(nil, flagCFixedNewstyle), optBytes(optExportName, nil), reqBytes(cmdRead, 0, 1, 0, 512, nil)),
-		cat(flags, optBytes(optStartTLS, nil), optBytes(optSetMetaContext, []byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 15}), optBytes(999, []byte("x"))),
-		cat(flags, optBytes(optInfo, []byte{0, 0, 0, 9, 'a', 0, 1})),
-		cat(flags, optBytes(optStructuredReply, []byte{1})),
+		cat(flags, optBytes(nbdproto.OptStructuredReply, nil), optBytes(nbdproto.OptGo, goData("", nbdproto.InfoName, nbdproto.InfoDescription, nbdproto.InfoBlockSize))),
+		cat(flags, optBytes(nbdproto.OptList, nil), optBytes(nbdproto.OptAbort, nil)),
+		cat(flags, optBytes(nbdproto.OptInfo, goData("ro", nbdproto.InfoBlockSize)), optBytes(nbdproto.OptInfo, goData("nope")), optBytes(nbdproto.OptAbort, nil)),
+		cat(flags, optBytes(nbdproto.OptExportName, []byte("ro"))),
+		cat(binary.BigEndian.AppendUint32(nil, nbdproto.FlagCFixedNewstyle), optBytes(nbdproto.OptExportName, nil), reqBytes(nbdproto.CmdRead, 0, 1, 0, 512, nil)),
+		cat(flags, optBytes(nbdproto.OptStartTLS, nil), optBytes(nbdproto.OptSetMetaContext, []byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 15}), optBytes(999, []byte("x"))),
+		cat(flags, optBytes(nbdproto.OptInfo, []byte{0, 0, 0, 9, 'a', 0, 1})),
+		cat(flags, optBytes(nbdproto.OptStructuredReply, []byte{1})),
 		cat(flags, optBytes(999, make([]byte, maxOptionData+1))),
 		cat(flags, optBytes(999, nil)[:16]),
 		cat(flags, bad),
@@ -318,25 +320,25 @@ func transmissionSeeds() [][]byte {
 	for _, mode := range []byte{0, 1, 2, 3} {
 		seeds = append(seeds,
 			seq(mode,
-				r(cmdWrite, cmdFlagFUA, 1, 4096, 512, pattern(512, 1)),
-				r(cmdRead, 0, 2, 4096, 512, nil),
-				r(cmdRead, cmdFlagDF, 3, 0, 4096, nil),
-				r(cmdFlush, 0, 4, 0, 0, nil),
-				r(cmdTrim, 0, 5, 0, 4096, nil),
-				r(cmdWriteZeroes, cmdFlagNoHole|cmdFlagFastZero, 6, 8192, 4096, nil),
-				r(cmdCache, 0, 7, 0, 65536, nil),
-				r(cmdDisc, 0, 8, 0, 0, nil)),
+				r(nbdproto.CmdWrite, nbdproto.CmdFlagFUA, 1, 4096, 512, pattern(512, 1)),
+				r(nbdproto.CmdRead, 0, 2, 4096, 512, nil),
+				r(nbdproto.CmdRead, nbdproto.CmdFlagDF, 3, 0, 4096, nil),
+				r(nbdproto.CmdFlush, 0, 4, 0, 0, nil),
+				r(nbdproto.CmdTrim, 0, 5, 0, 4096, nil),
+				r(nbdproto.CmdWriteZeroes, nbdproto.CmdFlagNoHole|nbdproto.CmdFlagFastZero, 6, 8192, 4096, nil),
+				r(nbdproto.CmdCache, 0, 7, 0, 65536, nil),
+				r(nbdproto.CmdDisc, 0, 8, 0, 0, nil)),
 			seq(mode,
-				r(cmdRead, 0, 1, fuzzExportSize-100, 512, nil),
-				r(cmdRead, 0, 2, 1<<63, 512, nil),
-				r(cmdWrite, 0, 3, fuzzExportSize, 16, make([]byte, 16)),
-				r(cmdRead, 0, 4, 0, MaxRequest+1, nil),
-				r(cmdBlockStatus, cmdFlagReqOne, 5, 0, 512, nil),
+				r(nbdproto.CmdRead, 0, 1, fuzzExportSize-100, 512, nil),
+				r(nbdproto.CmdRead, 0, 2, 1<<63, 512, nil),
+				r(nbdproto.CmdWrite, 0, 3, fuzzExportSize, 16, make([]byte, 16)),
+				r(nbdproto.CmdRead, 0, 4, 0, MaxRequest+1, nil),
+				r(nbdproto.CmdBlockStatus, nbdproto.CmdFlagReqOne, 5, 0, 512, nil),
 				r(77, 0, 6, 0, 0, nil),
-				r(cmdRead, 1<<15, 7, 0, 512, nil),
-				r(cmdRead, 0, 8, 0, 0, nil),
-				r(cmdWrite, 0, 9, 0, 33<<20, nil)),
-			seq(mode, r(cmdWrite, 0, 1, 0, 1<<20, make([]byte, 1<<10))),
+				r(nbdproto.CmdRead, 1<<15, 7, 0, 512, nil),
+				r(nbdproto.CmdRead, 0, 8, 0, 0, nil),
+				r(nbdproto.CmdWrite, 0, 9, 0, 33<<20, nil)),
+			seq(mode, r(nbdproto.CmdWrite, 0, 1, 0, 1<<20, make([]byte, 1<<10))),
 			seq(mode, []byte{0x25, 0x60, 0x95, 0x14}, make([]byte, 24)),
 		)
 	}

@@ -3,6 +3,8 @@ package nbd
 import (
 	"errors"
 	"syscall"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // zeroes is the source for WRITE_ZEROES when the backend cannot zero by itself. WriteAt
@@ -16,7 +18,7 @@ func (c *conn) handle(req *request) {
 	n := int64(req.length)
 	var err error
 	switch req.typ {
-	case cmdRead:
+	case nbdproto.CmdRead:
 		if n == 0 {
 			c.replyRead(req, nil)
 			break
@@ -25,14 +27,14 @@ func (c *conn) handle(req *request) {
 		if err = b.ReadAt(data, off); err == nil {
 			c.replyRead(req, data)
 		}
-	case cmdWrite:
+	case nbdproto.CmdWrite:
 		c.wrote.Store(true)
 		if n > 0 {
 			err = b.WriteAt(*req.buf, off, backendFlags(req.flags))
 		}
-	case cmdFlush:
+	case nbdproto.CmdFlush:
 		err = b.Flush()
-	case cmdTrim:
+	case nbdproto.CmdTrim:
 		c.wrote.Store(true)
 		if n > 0 {
 			err = b.Trim(off, n, backendFlags(req.flags))
@@ -42,12 +44,12 @@ func (c *conn) handle(req *request) {
 			// required to"), so a backend that cannot trim has done what was asked.
 			err = nil
 		}
-	case cmdWriteZeroes:
+	case nbdproto.CmdWriteZeroes:
 		c.wrote.Store(true)
 		if n > 0 {
 			err = c.writeZeroes(off, n, req.flags)
 		}
-	case cmdCache:
+	case nbdproto.CmdCache:
 		if ca, ok := b.(Cacher); ok && n > 0 {
 			err = ca.Cache(off, n)
 		}
@@ -60,7 +62,7 @@ func (c *conn) handle(req *request) {
 			errOff = oe.Offset
 		}
 		c.replyError(req, nbdError(err), err.Error(), errOff)
-	} else if req.typ != cmdRead {
+	} else if req.typ != nbdproto.CmdRead {
 		c.replyOK(req)
 	}
 	c.release(req)
@@ -68,13 +70,13 @@ func (c *conn) handle(req *request) {
 
 func backendFlags(f uint16) Flags {
 	var b Flags
-	if f&cmdFlagFUA != 0 {
+	if f&nbdproto.CmdFlagFUA != 0 {
 		b |= FUA
 	}
-	if f&cmdFlagNoHole != 0 {
+	if f&nbdproto.CmdFlagNoHole != 0 {
 		b |= NoHole
 	}
-	if f&cmdFlagFastZero != 0 {
+	if f&nbdproto.CmdFlagFastZero != 0 {
 		b |= FastZero
 	}
 	return b
@@ -87,7 +89,7 @@ func backendFlags(f uint16) Flags {
 func (c *conn) writeZeroes(off, n int64, flags uint16) error {
 	b := c.exp.Backend
 	err := b.WriteZeroes(off, n, backendFlags(flags))
-	if err == nil || flags&cmdFlagFastZero != 0 || !errors.Is(err, syscall.ENOTSUP) {
+	if err == nil || flags&nbdproto.CmdFlagFastZero != 0 || !errors.Is(err, syscall.ENOTSUP) {
 		return err
 	}
 	for n > 0 {
@@ -98,7 +100,7 @@ func (c *conn) writeZeroes(off, n int64, flags uint16) error {
 		off += k
 		n -= k
 	}
-	if flags&cmdFlagFUA != 0 {
+	if flags&nbdproto.CmdFlagFUA != 0 {
 		return b.Flush()
 	}
 	return nil

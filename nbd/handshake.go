@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // protocolError ends a connection for a reason worth a warning in the log: the client
@@ -32,9 +34,9 @@ func (c *conn) handshake() error {
 		return fmt.Errorf("set handshake deadline: %w", err)
 	}
 	var g [18]byte
-	binary.BigEndian.PutUint64(g[0:], magicNBD)
-	binary.BigEndian.PutUint64(g[8:], magicOpt)
-	binary.BigEndian.PutUint16(g[16:], flagFixedNewstyle|flagNoZeroes)
+	binary.BigEndian.PutUint64(g[0:], nbdproto.MagicNBD)
+	binary.BigEndian.PutUint64(g[8:], nbdproto.MagicOpt)
+	binary.BigEndian.PutUint16(g[16:], nbdproto.FlagFixedNewstyle|nbdproto.FlagNoZeroes)
 	if _, err := c.rw.Write(g[:]); err != nil {
 		return fmt.Errorf("send greeting: %w", err)
 	}
@@ -43,25 +45,25 @@ func (c *conn) handshake() error {
 		return fmt.Errorf("read client flags: %w", err)
 	}
 	clientFlags := binary.BigEndian.Uint32(cf[:])
-	if clientFlags&^(flagCFixedNewstyle|flagCNoZeroes) != 0 {
+	if clientFlags&^(nbdproto.FlagCFixedNewstyle|nbdproto.FlagCNoZeroes) != 0 {
 		// proto.md: "the server MUST drop the TCP connection if the client sets an
 		// unknown flag".
 		return protoErrorf("unknown client flags %#x", clientFlags)
 	}
-	if clientFlags&flagCFixedNewstyle == 0 {
+	if clientFlags&nbdproto.FlagCFixedNewstyle == 0 {
 		return protoErrorf("client does not speak the fixed newstyle handshake")
 	}
-	noZeroes := clientFlags&flagCNoZeroes != 0
+	noZeroes := clientFlags&nbdproto.FlagCNoZeroes != 0
 
 	for n := 0; ; n++ {
 		if n == maxOptions {
 			return protoErrorf("more than %d options", maxOptions)
 		}
-		var h [optionHeaderLen]byte
+		var h [nbdproto.OptionHeaderLen]byte
 		if _, err := io.ReadFull(c.rw, h[:]); err != nil {
 			return fmt.Errorf("read option: %w", err)
 		}
-		if m := binary.BigEndian.Uint64(h[0:]); m != magicOpt {
+		if m := binary.BigEndian.Uint64(h[0:]); m != nbdproto.MagicOpt {
 			return protoErrorf("bad option magic %#016x", m)
 		}
 		opt := binary.BigEndian.Uint32(h[8:])
@@ -75,10 +77,10 @@ func (c *conn) handshake() error {
 			if _, err := io.CopyN(io.Discard, c.rw, int64(length)); err != nil {
 				return fmt.Errorf("skip option data: %w", err)
 			}
-			if opt == optExportName {
+			if opt == nbdproto.OptExportName {
 				return protoErrorf("NBD_OPT_EXPORT_NAME with a %d-byte name", length)
 			}
-			if err := c.optReply(opt, repErrTooBig, []byte(fmt.Sprintf("option data of %d bytes is too long", length))); err != nil {
+			if err := c.optReply(opt, nbdproto.RepErrTooBig, []byte(fmt.Sprintf("option data of %d bytes is too long", length))); err != nil {
 				return err
 			}
 			continue
@@ -103,45 +105,45 @@ func (c *conn) handshake() error {
 
 // option handles one option; done reports that the transmission phase begins.
 func (c *conn) option(opt uint32, data []byte, noZeroes bool) (done bool, err error) {
-	if c.s.TLSConfig != nil && !c.tlsUp && opt != optStartTLS && opt != optAbort {
+	if c.s.TLSConfig != nil && !c.tlsUp && opt != nbdproto.OptStartTLS && opt != nbdproto.OptAbort {
 		// FORCEDTLS (proto.md "FORCEDTLS mode").
-		if opt == optExportName {
+		if opt == nbdproto.OptExportName {
 			return false, protoErrorf("NBD_OPT_EXPORT_NAME before TLS on a server that requires TLS")
 		}
-		return false, c.optError(opt, repErrTLSReqd, "TLS is required: send NBD_OPT_STARTTLS first")
+		return false, c.optError(opt, nbdproto.RepErrTLSReqd, "TLS is required: send NBD_OPT_STARTTLS first")
 	}
 	switch opt {
-	case optExportName:
+	case nbdproto.OptExportName:
 		return true, c.exportName(data, noZeroes)
-	case optAbort:
+	case nbdproto.OptAbort:
 		// Reply, as proto.md asks, but the client may already be gone.
-		_ = c.optReply(opt, repAck, nil)
+		_ = c.optReply(opt, nbdproto.RepAck, nil)
 		return false, errClientAbort
-	case optList:
+	case nbdproto.OptList:
 		if len(data) != 0 {
-			return false, c.optError(opt, repErrInvalid, "NBD_OPT_LIST takes no data")
+			return false, c.optError(opt, nbdproto.RepErrInvalid, "NBD_OPT_LIST takes no data")
 		}
 		for _, x := range c.s.table.list {
 			p := make([]byte, 4, 4+len(x.Name)+len(x.Description))
 			binary.BigEndian.PutUint32(p, uint32(len(x.Name)))
 			p = append(append(p, x.Name...), x.Description...)
-			if err := c.optReply(opt, repServer, p); err != nil {
+			if err := c.optReply(opt, nbdproto.RepServer, p); err != nil {
 				return false, err
 			}
 		}
-		return false, c.optReply(opt, repAck, nil)
-	case optStartTLS:
+		return false, c.optReply(opt, nbdproto.RepAck, nil)
+	case nbdproto.OptStartTLS:
 		return false, c.startTLS(data)
-	case optInfo, optGo:
+	case nbdproto.OptInfo, nbdproto.OptGo:
 		return c.infoGo(opt, data)
-	case optStructuredReply:
+	case nbdproto.OptStructuredReply:
 		if len(data) != 0 {
-			return false, c.optError(opt, repErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
+			return false, c.optError(opt, nbdproto.RepErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
 		}
 		c.structured = true
-		return false, c.optReply(opt, repAck, nil)
+		return false, c.optReply(opt, nbdproto.RepAck, nil)
 	}
-	return false, c.optError(opt, repErrUnsup, fmt.Sprintf("option %d is not supported", opt))
+	return false, c.optError(opt, nbdproto.RepErrUnsup, fmt.Sprintf("option %d is not supported", opt))
 }
 
 func (c *conn) exportName(name []byte, noZeroes bool) error {
@@ -154,11 +156,11 @@ func (c *conn) exportName(name []byte, noZeroes bool) error {
 		return protoErrorf("NBD_OPT_EXPORT_NAME for unknown export %q", wireMessage(string(name)))
 	}
 	c.exp = x
-	b := make([]byte, 10, 10+exportNameReplyZeroes)
+	b := make([]byte, 10, 10+nbdproto.ExportNameReplyZeroes)
 	binary.BigEndian.PutUint64(b[0:], uint64(x.size))
 	binary.BigEndian.PutUint16(b[8:], x.flags(c.structured))
 	if !noZeroes {
-		b = b[:10+exportNameReplyZeroes]
+		b = b[:10+nbdproto.ExportNameReplyZeroes]
 	}
 	if _, err := c.rw.Write(b); err != nil {
 		return fmt.Errorf("send export info: %w", err)
@@ -171,63 +173,63 @@ func (c *conn) exportName(name []byte, noZeroes bool) error {
 // and description when asked.
 func (c *conn) infoGo(opt uint32, data []byte) (bool, error) {
 	if len(data) < 6 {
-		return false, c.optError(opt, repErrInvalid, "option data too short")
+		return false, c.optError(opt, nbdproto.RepErrInvalid, "option data too short")
 	}
 	nameLen := binary.BigEndian.Uint32(data)
 	if nameLen > uint32(len(data)-6) {
-		return false, c.optError(opt, repErrInvalid, "export name length exceeds the option data")
+		return false, c.optError(opt, nbdproto.RepErrInvalid, "export name length exceeds the option data")
 	}
 	name := data[4 : 4+nameLen]
 	rest := data[4+nameLen:]
 	nreq := int(binary.BigEndian.Uint16(rest))
 	if len(rest) != 2+2*nreq {
-		return false, c.optError(opt, repErrInvalid, "information request count does not match the option data")
+		return false, c.optError(opt, nbdproto.RepErrInvalid, "information request count does not match the option data")
 	}
 	if len(name) > maxString {
-		return false, c.optError(opt, repErrInvalid, fmt.Sprintf("export name of %d bytes exceeds %d", len(name), maxString))
+		return false, c.optError(opt, nbdproto.RepErrInvalid, fmt.Sprintf("export name of %d bytes exceeds %d", len(name), maxString))
 	}
 	var wantName, wantDesc bool
 	for i := range nreq {
 		switch binary.BigEndian.Uint16(rest[2+2*i:]) {
-		case infoName:
+		case nbdproto.InfoName:
 			wantName = true
-		case infoDescription:
+		case nbdproto.InfoDescription:
 			wantDesc = true
 		}
 	}
 	x, ok := c.s.table.byName[string(name)]
 	if !ok {
-		return false, c.optError(opt, repErrUnknown, fmt.Sprintf("no export named %q", wireMessage(string(name))))
+		return false, c.optError(opt, nbdproto.RepErrUnknown, fmt.Sprintf("no export named %q", wireMessage(string(name))))
 	}
 
-	var p [infoBlockPayloadLen]byte
-	binary.BigEndian.PutUint16(p[0:], infoExport)
+	var p [nbdproto.InfoBlockPayloadLen]byte
+	binary.BigEndian.PutUint16(p[0:], nbdproto.InfoExport)
 	binary.BigEndian.PutUint64(p[2:], uint64(x.size))
 	binary.BigEndian.PutUint16(p[10:], x.flags(c.structured))
-	if err := c.optReply(opt, repInfo, p[:infoExportPayloadLen]); err != nil {
+	if err := c.optReply(opt, nbdproto.RepInfo, p[:nbdproto.InfoExportPayloadLen]); err != nil {
 		return false, err
 	}
-	binary.BigEndian.PutUint16(p[0:], infoBlockSize)
+	binary.BigEndian.PutUint16(p[0:], nbdproto.InfoBlockSize)
 	binary.BigEndian.PutUint32(p[2:], x.minBlock)
 	binary.BigEndian.PutUint32(p[6:], x.prefBlock)
 	binary.BigEndian.PutUint32(p[10:], x.max)
-	if err := c.optReply(opt, repInfo, p[:infoBlockPayloadLen]); err != nil {
+	if err := c.optReply(opt, nbdproto.RepInfo, p[:nbdproto.InfoBlockPayloadLen]); err != nil {
 		return false, err
 	}
 	if wantName {
-		if err := c.optReply(opt, repInfo, infoString(infoName, x.Name)); err != nil {
+		if err := c.optReply(opt, nbdproto.RepInfo, infoString(nbdproto.InfoName, x.Name)); err != nil {
 			return false, err
 		}
 	}
 	if wantDesc && x.Description != "" {
-		if err := c.optReply(opt, repInfo, infoString(infoDescription, x.Description)); err != nil {
+		if err := c.optReply(opt, nbdproto.RepInfo, infoString(nbdproto.InfoDescription, x.Description)); err != nil {
 			return false, err
 		}
 	}
-	if err := c.optReply(opt, repAck, nil); err != nil {
+	if err := c.optReply(opt, nbdproto.RepAck, nil); err != nil {
 		return false, err
 	}
-	if opt == optGo {
+	if opt == nbdproto.OptGo {
 		c.exp = x
 		return true, nil
 	}
@@ -243,16 +245,16 @@ func infoString(typ uint16, s string) []byte {
 // startTLS answers NBD_OPT_STARTTLS and upgrades the connection. Negotiated state is
 // dropped, as proto.md requires ("the server MUST NOT preserve any negotiation state").
 func (c *conn) startTLS(data []byte) error {
-	const opt = optStartTLS
+	const opt = nbdproto.OptStartTLS
 	switch {
 	case c.s.TLSConfig == nil:
-		return c.optError(opt, repErrPolicy, "TLS is not configured on this server")
+		return c.optError(opt, nbdproto.RepErrPolicy, "TLS is not configured on this server")
 	case c.tlsUp:
-		return c.optError(opt, repErrInvalid, "TLS is already running")
+		return c.optError(opt, nbdproto.RepErrInvalid, "TLS is already running")
 	case len(data) != 0:
-		return c.optError(opt, repErrInvalid, "NBD_OPT_STARTTLS takes no data")
+		return c.optError(opt, nbdproto.RepErrInvalid, "NBD_OPT_STARTTLS takes no data")
 	}
-	if err := c.optReply(opt, repAck, nil); err != nil {
+	if err := c.optReply(opt, nbdproto.RepAck, nil); err != nil {
 		return err
 	}
 	tc := tls.Server(c.nc, c.s.TLSConfig)
@@ -271,8 +273,8 @@ func (c *conn) optError(opt, typ uint32, msg string) error {
 }
 
 func (c *conn) optReply(opt, typ uint32, data []byte) error {
-	b := make([]byte, optionReplyHeaderLen, optionReplyHeaderLen+len(data))
-	binary.BigEndian.PutUint64(b[0:], magicOptReply)
+	b := make([]byte, nbdproto.OptionReplyHeaderLen, nbdproto.OptionReplyHeaderLen+len(data))
+	binary.BigEndian.PutUint64(b[0:], nbdproto.MagicOptReply)
 	binary.BigEndian.PutUint32(b[8:], opt)
 	binary.BigEndian.PutUint32(b[12:], typ)
 	binary.BigEndian.PutUint32(b[16:], uint32(len(data)))

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"strings"
 	"testing"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 func oneExportServer(b Backend, mod func(*Export)) *Server {
@@ -22,10 +24,10 @@ func TestGreetingAndClientFlags(t *testing.T) {
 		flags  uint32
 		closes bool
 	}{
-		{"fixed newstyle", flagCFixedNewstyle, false},
-		{"fixed newstyle, no zeroes", flagCFixedNewstyle | flagCNoZeroes, false},
+		{"fixed newstyle", nbdproto.FlagCFixedNewstyle, false},
+		{"fixed newstyle, no zeroes", nbdproto.FlagCFixedNewstyle | nbdproto.FlagCNoZeroes, false},
 		{"not fixed newstyle", 0, true},
-		{"unknown flag", flagCFixedNewstyle | 1<<5, true},
+		{"unknown flag", nbdproto.FlagCFixedNewstyle | 1<<5, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -35,14 +37,14 @@ func TestGreetingAndClientFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if hs != flagFixedNewstyle|flagNoZeroes {
+			if hs != nbdproto.FlagFixedNewstyle|nbdproto.FlagNoZeroes {
 				t.Errorf("handshake flags %#x, want fixed newstyle and no zeroes", hs)
 			}
 			if tc.closes {
 				rc.expectClosed(t)
 				return
 			}
-			if err := rc.sendOpt(optList, nil); err != nil {
+			if err := rc.sendOpt(nbdproto.OptList, nil); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := rc.readOptReplies(); err != nil {
@@ -69,30 +71,30 @@ func TestOptions(t *testing.T) {
 		data []byte
 		want []uint32 // reply types, last one final
 	}{
-		{"unknown option", 999, []byte("junk"), []uint32{repErrUnsup}},
-		{"peek export", optPeekExport, nil, []uint32{repErrUnsup}},
-		{"set meta context", optSetMetaContext, []byte{0, 0, 0, 0, 0, 0, 0, 0}, []uint32{repErrUnsup}},
-		{"extended headers", optExtendedHeaders, nil, []uint32{repErrUnsup}},
-		{"list", optList, nil, []uint32{repServer, repServer, repAck}},
-		{"list with data", optList, []byte{1}, []uint32{repErrInvalid}},
-		{"structured reply", optStructuredReply, nil, []uint32{repAck}},
-		{"structured reply with data", optStructuredReply, []byte{1}, []uint32{repErrInvalid}},
-		{"starttls without TLS configured", optStartTLS, nil, []uint32{repErrPolicy}},
-		{"info default", optInfo, goData("", infoName, infoDescription), []uint32{repInfo, repInfo, repInfo, repInfo, repAck}},
-		{"info unknown export", optInfo, goData("nope"), []uint32{repErrUnknown}},
-		{"info name too long", optInfo, goData(big), []uint32{repErrInvalid}},
-		{"info short data", optInfo, []byte{0, 0}, []uint32{repErrInvalid}},
-		{"info name length past data", optInfo, []byte{0, 0, 1, 0, 0, 0}, []uint32{repErrInvalid}},
-		{"info request count mismatch", optInfo, append(goData("ro"), 0), []uint32{repErrInvalid}},
-		{"go unknown export", optGo, goData("nope"), []uint32{repErrUnknown}},
-		{"oversized option data", 999, make([]byte, maxOptionData+1), []uint32{repErrTooBig}},
-		{"oversized info", optInfo, make([]byte, maxOptionSkip), []uint32{repErrTooBig}},
+		{"unknown option", 999, []byte("junk"), []uint32{nbdproto.RepErrUnsup}},
+		{"peek export", nbdproto.OptPeekExport, nil, []uint32{nbdproto.RepErrUnsup}},
+		{"set meta context", nbdproto.OptSetMetaContext, []byte{0, 0, 0, 0, 0, 0, 0, 0}, []uint32{nbdproto.RepErrUnsup}},
+		{"extended headers", nbdproto.OptExtendedHeaders, nil, []uint32{nbdproto.RepErrUnsup}},
+		{"list", nbdproto.OptList, nil, []uint32{nbdproto.RepServer, nbdproto.RepServer, nbdproto.RepAck}},
+		{"list with data", nbdproto.OptList, []byte{1}, []uint32{nbdproto.RepErrInvalid}},
+		{"structured reply", nbdproto.OptStructuredReply, nil, []uint32{nbdproto.RepAck}},
+		{"structured reply with data", nbdproto.OptStructuredReply, []byte{1}, []uint32{nbdproto.RepErrInvalid}},
+		{"starttls without TLS configured", nbdproto.OptStartTLS, nil, []uint32{nbdproto.RepErrPolicy}},
+		{"info default", nbdproto.OptInfo, goData("", nbdproto.InfoName, nbdproto.InfoDescription), []uint32{nbdproto.RepInfo, nbdproto.RepInfo, nbdproto.RepInfo, nbdproto.RepInfo, nbdproto.RepAck}},
+		{"info unknown export", nbdproto.OptInfo, goData("nope"), []uint32{nbdproto.RepErrUnknown}},
+		{"info name too long", nbdproto.OptInfo, goData(big), []uint32{nbdproto.RepErrInvalid}},
+		{"info short data", nbdproto.OptInfo, []byte{0, 0}, []uint32{nbdproto.RepErrInvalid}},
+		{"info name length past data", nbdproto.OptInfo, []byte{0, 0, 1, 0, 0, 0}, []uint32{nbdproto.RepErrInvalid}},
+		{"info request count mismatch", nbdproto.OptInfo, append(goData("ro"), 0), []uint32{nbdproto.RepErrInvalid}},
+		{"go unknown export", nbdproto.OptGo, goData("nope"), []uint32{nbdproto.RepErrUnknown}},
+		{"oversized option data", 999, make([]byte, maxOptionData+1), []uint32{nbdproto.RepErrTooBig}},
+		{"oversized info", nbdproto.OptInfo, make([]byte, maxOptionSkip), []uint32{nbdproto.RepErrTooBig}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			rc := dialRaw(t, path)
-			if _, err := rc.greet(flagCFixedNewstyle); err != nil {
+			if _, err := rc.greet(nbdproto.FlagCFixedNewstyle); err != nil {
 				t.Fatal(err)
 			}
 			if err := rc.sendOpt(tc.opt, tc.data); err != nil {
@@ -118,7 +120,7 @@ func TestOptions(t *testing.T) {
 				}
 			}
 			// The session goes on: a GO must still work.
-			if err := rc.sendOpt(optGo, goData("")); err != nil {
+			if err := rc.sendOpt(nbdproto.OptGo, goData("")); err != nil {
 				t.Fatal(err)
 			}
 			rs, err = rc.readOptReplies()
@@ -144,29 +146,29 @@ func TestInfoContents(t *testing.T) {
 		{Name: "plain", Backend: newMem(8192)},
 	}}
 	path := serveUnix(t, srv)
-	const rw = tflagHasFlags | tflagSendFlush | tflagSendFUA | tflagSendTrim | tflagSendWriteZeroes | tflagSendFastZero | tflagSendCache
+	const rw = nbdproto.TflagHasFlags | nbdproto.TflagSendFlush | nbdproto.TflagSendFUA | nbdproto.TflagSendTrim | nbdproto.TflagSendWriteZeroes | nbdproto.TflagSendFastZero | nbdproto.TflagSendCache
 	tests := []struct {
 		name       string
 		structured bool
 		want       exportInfo
 	}{
-		{"", false, exportInfo{size: 1 << 20, flags: rw | tflagCanMultiConn, minB: 1, prefB: 4096, maxB: MaxRequest, name: "", description: "default disk"}},
-		{"", true, exportInfo{size: 1 << 20, flags: rw | tflagCanMultiConn | tflagSendDF, minB: 1, prefB: 4096, maxB: MaxRequest, name: "", description: "default disk"}},
-		{"ro", false, exportInfo{size: 64 << 10, flags: tflagHasFlags | tflagReadOnly | tflagCanMultiConn | tflagSendCache, minB: 512, prefB: 4096, maxB: 1 << 20, name: "ro", description: "read-only"}},
-		{"plain", true, exportInfo{size: 8192, flags: rw | tflagSendDF, minB: 1, prefB: 4096, maxB: MaxRequest, name: "plain"}},
+		{"", false, exportInfo{size: 1 << 20, flags: rw | nbdproto.TflagCanMultiConn, minB: 1, prefB: 4096, maxB: MaxRequest, name: "", description: "default disk"}},
+		{"", true, exportInfo{size: 1 << 20, flags: rw | nbdproto.TflagCanMultiConn | nbdproto.TflagSendDF, minB: 1, prefB: 4096, maxB: MaxRequest, name: "", description: "default disk"}},
+		{"ro", false, exportInfo{size: 64 << 10, flags: nbdproto.TflagHasFlags | nbdproto.TflagReadOnly | nbdproto.TflagCanMultiConn | nbdproto.TflagSendCache, minB: 512, prefB: 4096, maxB: 1 << 20, name: "ro", description: "read-only"}},
+		{"plain", true, exportInfo{size: 8192, flags: rw | nbdproto.TflagSendDF, minB: 1, prefB: 4096, maxB: MaxRequest, name: "plain"}},
 	}
 	for _, tc := range tests {
 		rc := dialRaw(t, path)
-		if _, err := rc.greet(flagCFixedNewstyle); err != nil {
+		if _, err := rc.greet(nbdproto.FlagCFixedNewstyle); err != nil {
 			t.Fatal(err)
 		}
 		if tc.structured {
-			rc.sendOpt(optStructuredReply, nil)
+			rc.sendOpt(nbdproto.OptStructuredReply, nil)
 			if _, err := rc.readOptReplies(); err != nil {
 				t.Fatal(err)
 			}
 		}
-		rc.sendOpt(optInfo, goData(tc.name, infoName, infoDescription, infoBlockSize, 1234))
+		rc.sendOpt(nbdproto.OptInfo, goData(tc.name, nbdproto.InfoName, nbdproto.InfoDescription, nbdproto.InfoBlockSize, 1234))
 		rs, err := rc.readOptReplies()
 		if err != nil {
 			t.Fatal(err)
@@ -182,15 +184,15 @@ func TestInfoContents(t *testing.T) {
 
 	// LIST names every export, with its description after the name.
 	rc := dialRaw(t, path)
-	rc.greet(flagCFixedNewstyle)
-	rc.sendOpt(optList, nil)
+	rc.greet(nbdproto.FlagCFixedNewstyle)
+	rc.sendOpt(nbdproto.OptList, nil)
 	rs, err := rc.readOptReplies()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var listed []string
 	for _, r := range rs {
-		if r.typ == repServer {
+		if r.typ == nbdproto.RepServer {
 			n := binary.BigEndian.Uint32(r.data)
 			listed = append(listed, string(r.data[4:4+n])+"|"+string(r.data[4+n:]))
 		}
@@ -206,12 +208,12 @@ func TestExportName(t *testing.T) {
 	path := serveUnix(t, srv)
 	for _, noZeroes := range []bool{false, true} {
 		rc := dialRaw(t, path)
-		f := uint32(flagCFixedNewstyle)
+		f := uint32(nbdproto.FlagCFixedNewstyle)
 		if noZeroes {
-			f |= flagCNoZeroes
+			f |= nbdproto.FlagCNoZeroes
 		}
 		rc.greet(f)
-		rc.sendOpt(optExportName, []byte("disk"))
+		rc.sendOpt(nbdproto.OptExportName, []byte("disk"))
 		want := 134
 		if noZeroes {
 			want = 10
@@ -227,15 +229,15 @@ func TestExportName(t *testing.T) {
 			t.Errorf("size %d", size)
 		}
 		// Transmission works, without structured replies.
-		r := rc.roundTrip(t, cmdRead, 0, 0, 512, nil)
+		r := rc.roundTrip(t, nbdproto.CmdRead, 0, 0, 512, nil)
 		if r.err != 0 || !r.simple || len(r.data) != 512 {
 			t.Errorf("read after EXPORT_NAME: %+v", r)
 		}
 	}
 	// An unknown name can only end the session.
 	rc := dialRaw(t, path)
-	rc.greet(flagCFixedNewstyle)
-	rc.sendOpt(optExportName, []byte("nope"))
+	rc.greet(nbdproto.FlagCFixedNewstyle)
+	rc.sendOpt(nbdproto.OptExportName, []byte("nope"))
 	rc.expectClosed(t)
 }
 
@@ -255,7 +257,7 @@ func readFull(rc *rawClient, b []byte) (int, error) {
 func TestHandshakeViolations(t *testing.T) {
 	t.Parallel()
 	path := serveUnix(t, oneExportServer(newMem(1<<20), nil))
-	badMagic := optBytes(optList, nil)
+	badMagic := optBytes(nbdproto.OptList, nil)
 	badMagic[0] ^= 0xff
 	tests := []struct {
 		name string
@@ -263,21 +265,21 @@ func TestHandshakeViolations(t *testing.T) {
 	}{
 		{"bad option magic", badMagic},
 		{"option data beyond what the server will skip", optBytes(999, make([]byte, maxOptionSkip+1))[:16]},
-		{"export name too long", optBytes(optExportName, make([]byte, maxString+1))},
-		{"export name past the data limit", optBytes(optExportName, make([]byte, maxOptionData+1))},
-		{"abort", optBytes(optAbort, nil)},
+		{"export name too long", optBytes(nbdproto.OptExportName, make([]byte, maxString+1))},
+		{"export name past the data limit", optBytes(nbdproto.OptExportName, make([]byte, maxOptionData+1))},
+		{"abort", optBytes(nbdproto.OptAbort, nil)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			rc := dialRaw(t, path)
-			rc.greet(flagCFixedNewstyle)
+			rc.greet(nbdproto.FlagCFixedNewstyle)
 			if err := rc.write(tc.send); err != nil {
 				t.Fatal(err)
 			}
 			if tc.name == "abort" {
 				r, err := rc.readOptReply()
-				if err != nil || r.typ != repAck {
+				if err != nil || r.typ != nbdproto.RepAck {
 					t.Fatalf("abort reply %+v %v", r, err)
 				}
 			}
@@ -290,10 +292,10 @@ func TestTooManyOptions(t *testing.T) {
 	t.Parallel()
 	path := serveUnix(t, oneExportServer(newMem(4096), nil))
 	rc := dialRaw(t, path)
-	rc.greet(flagCFixedNewstyle)
+	rc.greet(nbdproto.FlagCFixedNewstyle)
 	for i := 0; i < maxOptions; i++ {
 		rc.sendOpt(999, nil)
-		if r, err := rc.readOptReply(); err != nil || r.typ != repErrUnsup {
+		if r, err := rc.readOptReply(); err != nil || r.typ != nbdproto.RepErrUnsup {
 			t.Fatalf("option %d: %+v %v", i, r, err)
 		}
 	}

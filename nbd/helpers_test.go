@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // shortTempDir is a temporary directory with a short path: a unix socket path must fit
@@ -96,7 +98,7 @@ func (rc *rawClient) greet(clientFlags uint32) (uint16, error) {
 	if _, err := io.ReadFull(rc.c, g[:]); err != nil {
 		return 0, fmt.Errorf("read greeting: %w", err)
 	}
-	if binary.BigEndian.Uint64(g[0:]) != magicNBD || binary.BigEndian.Uint64(g[8:]) != magicOpt {
+	if binary.BigEndian.Uint64(g[0:]) != nbdproto.MagicNBD || binary.BigEndian.Uint64(g[8:]) != nbdproto.MagicOpt {
 		return 0, fmt.Errorf("bad greeting % x", g)
 	}
 	var f [4]byte
@@ -106,7 +108,7 @@ func (rc *rawClient) greet(clientFlags uint32) (uint16, error) {
 
 func optBytes(opt uint32, data []byte) []byte {
 	b := make([]byte, 16, 16+len(data))
-	binary.BigEndian.PutUint64(b, magicOpt)
+	binary.BigEndian.PutUint64(b, nbdproto.MagicOpt)
 	binary.BigEndian.PutUint32(b[8:], opt)
 	binary.BigEndian.PutUint32(b[12:], uint32(len(data)))
 	return append(b, data...)
@@ -124,7 +126,7 @@ func (rc *rawClient) readOptReply() (optReply, error) {
 	if _, err := io.ReadFull(rc.c, h[:]); err != nil {
 		return optReply{}, fmt.Errorf("read option reply: %w", err)
 	}
-	if m := binary.BigEndian.Uint64(h[0:]); m != magicOptReply {
+	if m := binary.BigEndian.Uint64(h[0:]); m != nbdproto.MagicOptReply {
 		return optReply{}, fmt.Errorf("bad option reply magic %#x", m)
 	}
 	r := optReply{opt: binary.BigEndian.Uint32(h[8:]), typ: binary.BigEndian.Uint32(h[12:])}
@@ -146,7 +148,7 @@ func (rc *rawClient) readOptReplies() ([]optReply, error) {
 			return rs, err
 		}
 		rs = append(rs, r)
-		if r.typ == repAck || r.typ&repFlagError != 0 {
+		if r.typ == nbdproto.RepAck || r.typ&nbdproto.RepFlagError != 0 {
 			return rs, nil
 		}
 	}
@@ -172,23 +174,23 @@ type exportInfo struct {
 func parseInfos(rs []optReply) (exportInfo, error) {
 	var e exportInfo
 	for _, r := range rs {
-		if r.typ&repFlagError != 0 {
+		if r.typ&nbdproto.RepFlagError != 0 {
 			return e, fmt.Errorf("option error %#x: %s", r.typ, r.data)
 		}
-		if r.typ != repInfo {
+		if r.typ != nbdproto.RepInfo {
 			continue
 		}
 		switch binary.BigEndian.Uint16(r.data) {
-		case infoExport:
+		case nbdproto.InfoExport:
 			e.size = binary.BigEndian.Uint64(r.data[2:])
 			e.flags = binary.BigEndian.Uint16(r.data[10:])
-		case infoBlockSize:
+		case nbdproto.InfoBlockSize:
 			e.minB = binary.BigEndian.Uint32(r.data[2:])
 			e.prefB = binary.BigEndian.Uint32(r.data[6:])
 			e.maxB = binary.BigEndian.Uint32(r.data[10:])
-		case infoName:
+		case nbdproto.InfoName:
 			e.name = string(r.data[2:])
-		case infoDescription:
+		case nbdproto.InfoDescription:
 			e.description = string(r.data[2:])
 		}
 	}
@@ -197,20 +199,20 @@ func parseInfos(rs []optReply) (exportInfo, error) {
 
 // connect runs a whole handshake: optional structured replies, then NBD_OPT_GO.
 func (rc *rawClient) connect(name string, structured bool) (exportInfo, error) {
-	if _, err := rc.greet(flagCFixedNewstyle | flagCNoZeroes); err != nil {
+	if _, err := rc.greet(nbdproto.FlagCFixedNewstyle | nbdproto.FlagCNoZeroes); err != nil {
 		return exportInfo{}, err
 	}
 	if structured {
-		if err := rc.sendOpt(optStructuredReply, nil); err != nil {
+		if err := rc.sendOpt(nbdproto.OptStructuredReply, nil); err != nil {
 			return exportInfo{}, err
 		}
 		r, err := rc.readOptReply()
-		if err != nil || r.typ != repAck {
+		if err != nil || r.typ != nbdproto.RepAck {
 			return exportInfo{}, fmt.Errorf("structured reply: %v %#x", err, r.typ)
 		}
 		rc.structured = true
 	}
-	if err := rc.sendOpt(optGo, goData(name, infoBlockSize)); err != nil {
+	if err := rc.sendOpt(nbdproto.OptGo, goData(name, nbdproto.InfoBlockSize)); err != nil {
 		return exportInfo{}, err
 	}
 	rs, err := rc.readOptReplies()
@@ -232,7 +234,7 @@ func mustConnect(t testing.TB, path string, structured bool) (*rawClient, export
 
 func reqBytes(typ, flags uint16, handle, off uint64, length uint32, payload []byte) []byte {
 	b := make([]byte, 28, 28+len(payload))
-	binary.BigEndian.PutUint32(b[0:], magicRequest)
+	binary.BigEndian.PutUint32(b[0:], nbdproto.MagicRequest)
 	binary.BigEndian.PutUint16(b[4:], flags)
 	binary.BigEndian.PutUint16(b[6:], typ)
 	binary.BigEndian.PutUint64(b[8:], handle)
@@ -242,7 +244,7 @@ func reqBytes(typ, flags uint16, handle, off uint64, length uint32, payload []by
 }
 
 func (rc *rawClient) send(typ, flags uint16, handle, off uint64, length uint32, payload []byte) error {
-	if typ == cmdRead {
+	if typ == nbdproto.CmdRead {
 		rc.readLens[handle] = length
 	}
 	return rc.write(reqBytes(typ, flags, handle, off, length, payload))
@@ -268,7 +270,7 @@ func (rc *rawClient) readReply() (reply, error) {
 		return reply{}, err
 	}
 	switch binary.BigEndian.Uint32(m[:]) {
-	case magicSimpleReply:
+	case nbdproto.MagicSimpleReply:
 		var h [12]byte
 		if _, err := io.ReadFull(rc.c, h[:]); err != nil {
 			return reply{}, err
@@ -284,7 +286,7 @@ func (rc *rawClient) readReply() (reply, error) {
 			}
 		}
 		return r, nil
-	case magicStructuredReply:
+	case nbdproto.MagicStructuredReply:
 		r := reply{errOff: -1}
 		for {
 			var h [16]byte
@@ -304,27 +306,27 @@ func (rc *rawClient) readReply() (reply, error) {
 			}
 			r.chunks++
 			switch typ {
-			case chunkNone:
+			case nbdproto.ChunkNone:
 				if n != 0 {
 					return r, fmt.Errorf("NONE chunk with %d bytes", n)
 				}
-			case chunkOffsetData:
+			case nbdproto.ChunkOffsetData:
 				r.dataOff = binary.BigEndian.Uint64(p)
 				r.data = append(r.data, p[8:]...)
-			case chunkError, chunkErrorOffset:
+			case nbdproto.ChunkError, nbdproto.ChunkErrorOffset:
 				r.err = binary.BigEndian.Uint32(p)
 				ml := int(binary.BigEndian.Uint16(p[4:]))
 				if 6+ml > len(p) {
 					return r, fmt.Errorf("error message length %d overflows chunk of %d", ml, n)
 				}
 				r.msg = string(p[6 : 6+ml])
-				if typ == chunkErrorOffset {
+				if typ == nbdproto.ChunkErrorOffset {
 					r.errOff = int64(binary.BigEndian.Uint64(p[6+ml:]))
 				}
 			default:
 				return r, fmt.Errorf("unexpected chunk type %d", typ)
 			}
-			if flags&replyFlagDone != 0 {
+			if flags&nbdproto.ReplyFlagDone != 0 {
 				delete(rc.readLens, r.handle)
 				return r, nil
 			}

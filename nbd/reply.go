@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // replyWriter serialises replies from the workers onto the connection. Small replies are
@@ -71,13 +73,13 @@ func (c *conn) sent(err error) {
 }
 
 func putSimpleHeader(b []byte, code uint32, handle uint64) {
-	binary.BigEndian.PutUint32(b[0:], magicSimpleReply)
+	binary.BigEndian.PutUint32(b[0:], nbdproto.MagicSimpleReply)
 	binary.BigEndian.PutUint32(b[4:], code)
 	binary.BigEndian.PutUint64(b[8:], handle)
 }
 
 func putChunkHeader(b []byte, flags, typ uint16, handle uint64, length uint32) {
-	binary.BigEndian.PutUint32(b[0:], magicStructuredReply)
+	binary.BigEndian.PutUint32(b[0:], nbdproto.MagicStructuredReply)
 	binary.BigEndian.PutUint16(b[4:], flags)
 	binary.BigEndian.PutUint16(b[6:], typ)
 	binary.BigEndian.PutUint64(b[8:], handle)
@@ -87,7 +89,7 @@ func putChunkHeader(b []byte, flags, typ uint16, handle uint64, length uint32) {
 // replyOK answers a successful request that returns no data. A simple reply is allowed for
 // it even when structured replies were negotiated (proto.md "Simple reply message").
 func (c *conn) replyOK(r *request) {
-	var h [simpleReplyHeaderLen]byte
+	var h [nbdproto.SimpleReplyHeaderLen]byte
 	putSimpleHeader(h[:], 0, r.handle)
 	c.sent(c.out.send(h[:], nil))
 }
@@ -97,20 +99,20 @@ func (c *conn) replyOK(r *request) {
 // read one NBD_REPLY_TYPE_NONE chunk, since a data chunk must carry at least one byte.
 func (c *conn) replyRead(r *request, data []byte) {
 	if !c.structured {
-		var h [simpleReplyHeaderLen]byte
+		var h [nbdproto.SimpleReplyHeaderLen]byte
 		putSimpleHeader(h[:], 0, r.handle)
 		c.sent(c.out.send(h[:], data))
 		return
 	}
 	if len(data) == 0 {
-		var h [structuredHeaderLen]byte
-		putChunkHeader(h[:], replyFlagDone, chunkNone, r.handle, 0)
+		var h [nbdproto.StructuredHeaderLen]byte
+		putChunkHeader(h[:], nbdproto.ReplyFlagDone, nbdproto.ChunkNone, r.handle, 0)
 		c.sent(c.out.send(h[:], nil))
 		return
 	}
-	var h [structuredHeaderLen + 8]byte
-	putChunkHeader(h[:], replyFlagDone, chunkOffsetData, r.handle, uint32(8+len(data)))
-	binary.BigEndian.PutUint64(h[structuredHeaderLen:], r.off)
+	var h [nbdproto.StructuredHeaderLen + 8]byte
+	putChunkHeader(h[:], nbdproto.ReplyFlagDone, nbdproto.ChunkOffsetData, r.handle, uint32(8+len(data)))
+	binary.BigEndian.PutUint64(h[nbdproto.StructuredHeaderLen:], r.off)
 	c.sent(c.out.send(h[:], data))
 }
 
@@ -120,21 +122,21 @@ func (c *conn) replyRead(r *request, data []byte) {
 // taken for its contents.
 func (c *conn) replyError(r *request, code uint32, msg string, errOff int64) {
 	if !c.structured {
-		var h [simpleReplyHeaderLen]byte
+		var h [nbdproto.SimpleReplyHeaderLen]byte
 		putSimpleHeader(h[:], code, r.handle)
 		c.sent(c.out.send(h[:], nil))
 		return
 	}
 	msg = wireMessage(msg)
-	typ := uint16(chunkError)
-	n := chunkErrorPayloadLen + len(msg)
+	typ := uint16(nbdproto.ChunkError)
+	n := nbdproto.ChunkErrorPayloadLen + len(msg)
 	if errOff >= 0 {
-		typ = chunkErrorOffset
+		typ = nbdproto.ChunkErrorOffset
 		n += 8
 	}
-	b := make([]byte, structuredHeaderLen+n)
-	putChunkHeader(b, replyFlagDone, typ, r.handle, uint32(n))
-	p := b[structuredHeaderLen:]
+	b := make([]byte, nbdproto.StructuredHeaderLen+n)
+	putChunkHeader(b, nbdproto.ReplyFlagDone, typ, r.handle, uint32(n))
+	p := b[nbdproto.StructuredHeaderLen:]
 	binary.BigEndian.PutUint32(p[0:], code)
 	binary.BigEndian.PutUint16(p[4:], uint16(len(msg)))
 	copy(p[6:], msg)

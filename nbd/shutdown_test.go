@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // TestShutdownFinishesInFlight: Shutdown lets requests in flight finish and answers them,
@@ -36,12 +38,12 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	rc, _ := mustConnect(t, l.Addr().String(), true)
 	idle, _ := mustConnect(t, l.Addr().String(), false)
 	inHandshake := dialRaw(t, l.Addr().String())
-	if _, err := inHandshake.greet(flagCFixedNewstyle); err != nil {
+	if _, err := inHandshake.greet(nbdproto.FlagCFixedNewstyle); err != nil {
 		t.Fatal(err)
 	}
 	const n, late = 4, 3
 	for h := uint64(0); h < n; h++ {
-		rc.send(cmdWrite, 0, h, h*4096, 4096, pattern(4096, byte(h)))
+		rc.send(nbdproto.CmdWrite, 0, h, h*4096, 4096, pattern(4096, byte(h)))
 	}
 	for i := 0; i < n; i++ {
 		<-started
@@ -58,11 +60,11 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	for h := uint64(100); h < 100+late; h++ {
-		rc.send(cmdWrite, 0, h, h*4096, 4096, pattern(4096, byte(h)))
+		rc.send(nbdproto.CmdWrite, 0, h, h*4096, 4096, pattern(4096, byte(h)))
 	}
 	for i := 0; i < late; i++ {
 		r, err := rc.readReply()
-		if err != nil || r.err != errShutdown || r.handle < 100 {
+		if err != nil || r.err != nbdproto.EShutdown || r.handle < 100 {
 			t.Fatalf("late request: %+v %v, want ESHUTDOWN", r, err)
 		}
 	}
@@ -116,7 +118,7 @@ func TestShutdownTimeout(t *testing.T) {
 	}
 	go srv.Serve(l)
 	rc, _ := mustConnect(t, l.Addr().String(), true)
-	rc.send(cmdRead, 0, 1, 0, 4096, nil)
+	rc.send(nbdproto.CmdRead, 0, 1, 0, 4096, nil)
 	<-started
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
@@ -140,7 +142,7 @@ func TestMaxConns(t *testing.T) {
 	c := dialRaw(t, path)
 	c.expectClosed(t)
 	// Closing one frees a slot.
-	a.send(cmdDisc, 0, 0, 0, 0, nil)
+	a.send(nbdproto.CmdDisc, 0, 0, 0, 0, nil)
 	a.expectClosed(t)
 	deadline := time.Now().Add(5 * time.Second)
 	for {

@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // pki is a throwaway CA with a server and a client certificate, made in the test.
@@ -227,26 +229,26 @@ func TestForcedTLS(t *testing.T) {
 	path := serveUnix(t, srv)
 
 	rc := dialRaw(t, path)
-	rc.greet(flagCFixedNewstyle | flagCNoZeroes)
+	rc.greet(nbdproto.FlagCFixedNewstyle | nbdproto.FlagCNoZeroes)
 	for _, o := range []struct {
 		opt  uint32
 		data []byte
 	}{
-		{optList, nil}, {optInfo, goData("")}, {optGo, goData("")}, {optStructuredReply, nil},
-		{optSetMetaContext, nil}, {999, []byte("x")},
+		{nbdproto.OptList, nil}, {nbdproto.OptInfo, goData("")}, {nbdproto.OptGo, goData("")}, {nbdproto.OptStructuredReply, nil},
+		{nbdproto.OptSetMetaContext, nil}, {999, []byte("x")},
 	} {
 		rc.sendOpt(o.opt, o.data)
 		r, err := rc.readOptReply()
-		if err != nil || r.typ != repErrTLSReqd {
+		if err != nil || r.typ != nbdproto.RepErrTLSReqd {
 			t.Fatalf("option %d before TLS: %+v %v, want NBD_REP_ERR_TLS_REQD", o.opt, r, err)
 		}
 	}
-	rc.sendOpt(optStartTLS, []byte{1})
-	if r, err := rc.readOptReply(); err != nil || r.typ != repErrInvalid {
+	rc.sendOpt(nbdproto.OptStartTLS, []byte{1})
+	if r, err := rc.readOptReply(); err != nil || r.typ != nbdproto.RepErrInvalid {
 		t.Fatalf("STARTTLS with data: %+v %v", r, err)
 	}
-	rc.sendOpt(optStartTLS, nil)
-	if r, err := rc.readOptReply(); err != nil || r.typ != repAck {
+	rc.sendOpt(nbdproto.OptStartTLS, nil)
+	if r, err := rc.readOptReply(); err != nil || r.typ != nbdproto.RepAck {
 		t.Fatalf("STARTTLS: %+v %v", r, err)
 	}
 	tc := tls.Client(rc.c, &tls.Config{RootCAs: p.caPool, ServerName: "localhost", Certificates: []tls.Certificate{p.clientCert}})
@@ -254,16 +256,16 @@ func TestForcedTLS(t *testing.T) {
 		t.Fatalf("TLS handshake: %v", err)
 	}
 	rc.c = tc
-	rc.sendOpt(optStartTLS, nil)
-	if r, err := rc.readOptReply(); err != nil || r.typ != repErrInvalid {
+	rc.sendOpt(nbdproto.OptStartTLS, nil)
+	if r, err := rc.readOptReply(); err != nil || r.typ != nbdproto.RepErrInvalid {
 		t.Fatalf("second STARTTLS: %+v %v", r, err)
 	}
-	rc.sendOpt(optStructuredReply, nil)
-	if r, err := rc.readOptReply(); err != nil || r.typ != repAck {
+	rc.sendOpt(nbdproto.OptStructuredReply, nil)
+	if r, err := rc.readOptReply(); err != nil || r.typ != nbdproto.RepAck {
 		t.Fatalf("structured reply over TLS: %+v %v", r, err)
 	}
 	rc.structured = true
-	rc.sendOpt(optGo, goData(""))
+	rc.sendOpt(nbdproto.OptGo, goData(""))
 	rs, err := rc.readOptReplies()
 	if err != nil {
 		t.Fatal(err)
@@ -272,43 +274,43 @@ func TestForcedTLS(t *testing.T) {
 		t.Fatalf("GO over TLS: %+v %v", info, err)
 	}
 	data := pattern(65536, 5)
-	if r := rc.roundTrip(t, cmdWrite, 0, 0, 65536, data); r.err != 0 {
+	if r := rc.roundTrip(t, nbdproto.CmdWrite, 0, 0, 65536, data); r.err != 0 {
 		t.Fatalf("write over TLS: %d", r.err)
 	}
-	r := rc.roundTrip(t, cmdRead, 0, 0, 65536, nil)
+	r := rc.roundTrip(t, nbdproto.CmdRead, 0, 0, 65536, nil)
 	mustEqual(t, "read over TLS", r.data, data)
-	rc.send(cmdDisc, 0, 0, 0, 0, nil)
+	rc.send(nbdproto.CmdDisc, 0, 0, 0, 0, nil)
 	if _, err := rc.c.Read(make([]byte, 1)); err == nil {
 		t.Fatal("server sent data after DISC")
 	}
 
 	// EXPORT_NAME before TLS cannot be refused with a reply: the session ends.
 	rc = dialRaw(t, path)
-	rc.greet(flagCFixedNewstyle)
-	rc.sendOpt(optExportName, nil)
+	rc.greet(nbdproto.FlagCFixedNewstyle)
+	rc.sendOpt(nbdproto.OptExportName, nil)
 	rc.expectClosed(t)
 
 	// ABORT before TLS is allowed.
 	rc = dialRaw(t, path)
-	rc.greet(flagCFixedNewstyle)
-	rc.sendOpt(optAbort, nil)
-	if r, err := rc.readOptReply(); err != nil || r.typ != repAck {
+	rc.greet(nbdproto.FlagCFixedNewstyle)
+	rc.sendOpt(nbdproto.OptAbort, nil)
+	if r, err := rc.readOptReply(); err != nil || r.typ != nbdproto.RepAck {
 		t.Fatalf("ABORT before TLS: %+v %v", r, err)
 	}
 	rc.expectClosed(t)
 
 	// A Go client without a certificate fails the TLS handshake.
 	rc = dialRaw(t, path)
-	rc.greet(flagCFixedNewstyle)
-	rc.sendOpt(optStartTLS, nil)
-	if r, err := rc.readOptReply(); err != nil || r.typ != repAck {
+	rc.greet(nbdproto.FlagCFixedNewstyle)
+	rc.sendOpt(nbdproto.OptStartTLS, nil)
+	if r, err := rc.readOptReply(); err != nil || r.typ != nbdproto.RepAck {
 		t.Fatalf("STARTTLS: %+v %v", r, err)
 	}
 	tc = tls.Client(rc.c, &tls.Config{RootCAs: p.caPool, ServerName: "localhost"})
 	err = tc.Handshake()
 	if err == nil {
 		// With TLS 1.3 the client learns of the refusal on its first read.
-		tc.Write(optBytes(optList, nil))
+		tc.Write(optBytes(nbdproto.OptList, nil))
 		_, err = tc.Read(make([]byte, 1))
 	}
 	if err == nil {

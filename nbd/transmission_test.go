@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 func TestReadWriteRoundTrip(t *testing.T) {
@@ -21,10 +23,10 @@ func TestReadWriteRoundTrip(t *testing.T) {
 				rc, _ := mustConnect(t, path, structured)
 				off := uint64((4<<20 - size) / 3)
 				data := pattern(size, byte(size))
-				if r := rc.roundTrip(t, cmdWrite, 0, off, uint32(size), data); r.err != 0 {
+				if r := rc.roundTrip(t, nbdproto.CmdWrite, 0, off, uint32(size), data); r.err != 0 {
 					t.Fatalf("write: error %d %q", r.err, r.msg)
 				}
-				r := rc.roundTrip(t, cmdRead, 0, off, uint32(size), nil)
+				r := rc.roundTrip(t, nbdproto.CmdRead, 0, off, uint32(size), nil)
 				if r.err != 0 {
 					t.Fatalf("read: error %d %q", r.err, r.msg)
 				}
@@ -60,28 +62,28 @@ func TestRequestErrors(t *testing.T) {
 		payload bool
 		want    uint32
 	}{
-		{"read past end", "", cmdRead, 0, size - 512, 1024, false, errInval},
-		{"read starting past end", "", cmdRead, 0, size + 4096, 512, false, errInval},
-		{"read offset overflow", "", cmdRead, 0, math.MaxUint64 - 100, 512, false, errInval},
-		{"read longer than 32 MiB", "", cmdRead, 0, 0, MaxRequest + 1, false, errInval},
-		{"write past end", "", cmdWrite, 0, size - 512, 1024, true, errNoSpc},
-		{"write offset overflow", "", cmdWrite, 0, math.MaxUint64 - 100, 512, true, errNoSpc},
-		{"write zeroes past end", "", cmdWriteZeroes, 0, size, 4096, false, errNoSpc},
-		{"trim past end", "", cmdTrim, 0, size - 4096, 8192, false, errInval},
-		{"cache past end", "", cmdCache, 0, size - 4096, 8192, false, errInval},
-		{"unknown command", "", 42, 0, 0, 512, false, errInval},
-		{"block status without context", "", cmdBlockStatus, 0, 0, 512, false, errInval},
-		{"unknown flag", "", cmdRead, 1 << 9, 0, 512, false, errInval},
-		{"no-hole on write", "", cmdWrite, cmdFlagNoHole, 0, 512, true, errInval},
-		{"fast-zero on trim", "", cmdTrim, cmdFlagFastZero, 0, 512, false, errInval},
-		{"flush with length", "", cmdFlush, 0, 0, 512, false, errInval},
-		{"write on read-only", "ro", cmdWrite, 0, 0, 512, true, errPerm},
-		{"trim on read-only", "ro", cmdTrim, 0, 0, 512, false, errPerm},
-		{"zero on read-only", "ro", cmdWriteZeroes, 0, 0, 512, false, errPerm},
-		{"unaligned read", "aligned", cmdRead, 0, 100, 512, false, errInval},
-		{"unaligned length", "aligned", cmdWrite, 0, 512, 100, true, errInval},
-		{"read above max block", "aligned", cmdRead, 0, 0, 128 << 10, false, errInval},
-		{"write above max block", "aligned", cmdWrite, 0, 0, 128 << 10, true, errInval},
+		{"read past end", "", nbdproto.CmdRead, 0, size - 512, 1024, false, nbdproto.EInval},
+		{"read starting past end", "", nbdproto.CmdRead, 0, size + 4096, 512, false, nbdproto.EInval},
+		{"read offset overflow", "", nbdproto.CmdRead, 0, math.MaxUint64 - 100, 512, false, nbdproto.EInval},
+		{"read longer than 32 MiB", "", nbdproto.CmdRead, 0, 0, MaxRequest + 1, false, nbdproto.EInval},
+		{"write past end", "", nbdproto.CmdWrite, 0, size - 512, 1024, true, nbdproto.ENoSpc},
+		{"write offset overflow", "", nbdproto.CmdWrite, 0, math.MaxUint64 - 100, 512, true, nbdproto.ENoSpc},
+		{"write zeroes past end", "", nbdproto.CmdWriteZeroes, 0, size, 4096, false, nbdproto.ENoSpc},
+		{"trim past end", "", nbdproto.CmdTrim, 0, size - 4096, 8192, false, nbdproto.EInval},
+		{"cache past end", "", nbdproto.CmdCache, 0, size - 4096, 8192, false, nbdproto.EInval},
+		{"unknown command", "", 42, 0, 0, 512, false, nbdproto.EInval},
+		{"block status without context", "", nbdproto.CmdBlockStatus, 0, 0, 512, false, nbdproto.EInval},
+		{"unknown flag", "", nbdproto.CmdRead, 1 << 9, 0, 512, false, nbdproto.EInval},
+		{"no-hole on write", "", nbdproto.CmdWrite, nbdproto.CmdFlagNoHole, 0, 512, true, nbdproto.EInval},
+		{"fast-zero on trim", "", nbdproto.CmdTrim, nbdproto.CmdFlagFastZero, 0, 512, false, nbdproto.EInval},
+		{"flush with length", "", nbdproto.CmdFlush, 0, 0, 512, false, nbdproto.EInval},
+		{"write on read-only", "ro", nbdproto.CmdWrite, 0, 0, 512, true, nbdproto.EPerm},
+		{"trim on read-only", "ro", nbdproto.CmdTrim, 0, 0, 512, false, nbdproto.EPerm},
+		{"zero on read-only", "ro", nbdproto.CmdWriteZeroes, 0, 0, 512, false, nbdproto.EPerm},
+		{"unaligned read", "aligned", nbdproto.CmdRead, 0, 100, 512, false, nbdproto.EInval},
+		{"unaligned length", "aligned", nbdproto.CmdWrite, 0, 512, 100, true, nbdproto.EInval},
+		{"read above max block", "aligned", nbdproto.CmdRead, 0, 0, 128 << 10, false, nbdproto.EInval},
+		{"write above max block", "aligned", nbdproto.CmdWrite, 0, 0, 128 << 10, true, nbdproto.EInval},
 	}
 	for _, tc := range tests {
 		for _, structured := range []bool{false, true} {
@@ -105,7 +107,7 @@ func TestRequestErrors(t *testing.T) {
 				if structured && r.msg == "" {
 					t.Errorf("structured error without a message")
 				}
-				if r := rc.roundTrip(t, cmdRead, 0, 0, 4096, nil); r.err != 0 || len(r.data) != 4096 {
+				if r := rc.roundTrip(t, nbdproto.CmdRead, 0, 0, 4096, nil); r.err != 0 || len(r.data) != 4096 {
 					t.Fatalf("read after the error: %+v", r)
 				}
 			})
@@ -120,15 +122,15 @@ func TestRequestErrors(t *testing.T) {
 func TestProtocolViolations(t *testing.T) {
 	t.Parallel()
 	path := serveUnix(t, oneExportServer(newMem(1<<20), nil))
-	badMagic := reqBytes(cmdRead, 0, 1, 0, 512, nil)
+	badMagic := reqBytes(nbdproto.CmdRead, 0, 1, 0, 512, nil)
 	badMagic[0] ^= 1
 	tests := []struct {
 		name string
 		send []byte
 	}{
 		{"bad request magic", badMagic},
-		{"write of 33 MiB", reqBytes(cmdWrite, 0, 1, 0, 33<<20, nil)},
-		{"write of 4 GiB - 1", reqBytes(cmdWrite, 0, 1, 0, math.MaxUint32, nil)},
+		{"write of 33 MiB", reqBytes(nbdproto.CmdWrite, 0, 1, 0, 33<<20, nil)},
+		{"write of 4 GiB - 1", reqBytes(nbdproto.CmdWrite, 0, 1, 0, math.MaxUint32, nil)},
 	}
 	for _, tc := range tests {
 		for _, structured := range []bool{false, true} {
@@ -150,7 +152,7 @@ func TestZeroLengthRequests(t *testing.T) {
 	path := serveUnix(t, oneExportServer(mem, nil))
 	for _, structured := range []bool{false, true} {
 		rc, _ := mustConnect(t, path, structured)
-		for _, typ := range []uint16{cmdRead, cmdWrite, cmdTrim, cmdWriteZeroes, cmdCache} {
+		for _, typ := range []uint16{nbdproto.CmdRead, nbdproto.CmdWrite, nbdproto.CmdTrim, nbdproto.CmdWriteZeroes, nbdproto.CmdCache} {
 			if r := rc.roundTrip(t, typ, 0, 4096, 0, nil); r.err != 0 || len(r.data) != 0 {
 				t.Errorf("%s of 0 bytes: %+v", cmdName(typ), r)
 			}
@@ -175,16 +177,16 @@ func TestWriteFlagsReachBackend(t *testing.T) {
 		length     uint32
 		want       op
 	}{
-		{cmdWrite, cmdFlagFUA, 0, 4096, op{"write", 0, 4096, FUA}},
-		{cmdWrite, 0, 4096, 4096, op{"write", 4096, 4096, 0}},
-		{cmdTrim, cmdFlagFUA, 8192, 4096, op{"trim", 8192, 4096, FUA}},
-		{cmdWriteZeroes, cmdFlagNoHole, 16384, 8192, op{"zero", 16384, 8192, NoHole}},
-		{cmdWriteZeroes, cmdFlagFastZero | cmdFlagFUA, 32768, 4096, op{"zero", 32768, 4096, FastZero | FUA}},
-		{cmdFlush, 0, 0, 0, op{"flush", 0, 0, 0}},
+		{nbdproto.CmdWrite, nbdproto.CmdFlagFUA, 0, 4096, op{"write", 0, 4096, FUA}},
+		{nbdproto.CmdWrite, 0, 4096, 4096, op{"write", 4096, 4096, 0}},
+		{nbdproto.CmdTrim, nbdproto.CmdFlagFUA, 8192, 4096, op{"trim", 8192, 4096, FUA}},
+		{nbdproto.CmdWriteZeroes, nbdproto.CmdFlagNoHole, 16384, 8192, op{"zero", 16384, 8192, NoHole}},
+		{nbdproto.CmdWriteZeroes, nbdproto.CmdFlagFastZero | nbdproto.CmdFlagFUA, 32768, 4096, op{"zero", 32768, 4096, FastZero | FUA}},
+		{nbdproto.CmdFlush, 0, 0, 0, op{"flush", 0, 0, 0}},
 	}
 	for _, s := range steps {
 		var payload []byte
-		if s.typ == cmdWrite {
+		if s.typ == nbdproto.CmdWrite {
 			payload = pattern(int(s.length), 3)
 		}
 		if r := rc.roundTrip(t, s.typ, s.flags, s.off, s.length, payload); r.err != 0 {
@@ -218,14 +220,14 @@ func TestZeroAndTrimFallbacks(t *testing.T) {
 	rc, _ := mustConnect(t, path, true)
 	mem.fill(1)
 	// FAST_ZERO: the backend cannot, so the answer is a quick ENOTSUP and nothing changes.
-	if r := rc.roundTrip(t, cmdWriteZeroes, cmdFlagFastZero, 0, 300<<10, nil); r.err != errNotSup {
+	if r := rc.roundTrip(t, nbdproto.CmdWriteZeroes, nbdproto.CmdFlagFastZero, 0, 300<<10, nil); r.err != nbdproto.ENotSup {
 		t.Fatalf("fast zero: error %d, want ENOTSUP", r.err)
 	}
 	if mem.snapshot()[0] == 0 {
 		t.Fatal("failed fast zero changed data")
 	}
 	// Without FAST_ZERO the server writes the zeroes itself (300 KiB spans two chunks).
-	if r := rc.roundTrip(t, cmdWriteZeroes, cmdFlagFUA, 4096, 300<<10, nil); r.err != 0 {
+	if r := rc.roundTrip(t, nbdproto.CmdWriteZeroes, nbdproto.CmdFlagFUA, 4096, 300<<10, nil); r.err != 0 {
 		t.Fatalf("zero: error %d %s", r.err, r.msg)
 	}
 	data := mem.snapshot()
@@ -241,7 +243,7 @@ func TestZeroAndTrimFallbacks(t *testing.T) {
 		t.Errorf("FUA zero fallback flushed %d times, want 1", mem.flushes.Load())
 	}
 	// TRIM is a hint: ENOTSUP from the backend is success.
-	if r := rc.roundTrip(t, cmdTrim, 0, 0, 4096, nil); r.err != 0 {
+	if r := rc.roundTrip(t, nbdproto.CmdTrim, 0, 0, 4096, nil); r.err != 0 {
 		t.Fatalf("trim: error %d", r.err)
 	}
 }
@@ -256,18 +258,18 @@ func TestBackendErrors(t *testing.T) {
 		want   uint32
 		errOff int64
 	}{
-		{"EIO on read", fmt.Errorf("disk: %w", syscall.EIO), "read", cmdRead, errIO, -1},
-		{"unknown error on read is EIO", errors.New("tag mismatch"), "read", cmdRead, errIO, -1},
-		{"offset error on read", &OffsetError{Offset: 8192 + 512, Err: syscall.EIO}, "read", cmdRead, errIO, 8192 + 512},
-		{"offset outside request", &OffsetError{Offset: 1, Err: syscall.EIO}, "read", cmdRead, errIO, -1},
-		{"ENOSPC on write", syscall.ENOSPC, "write", cmdWrite, errNoSpc, -1},
-		{"EDQUOT is ENOSPC", syscall.EDQUOT, "write", cmdWrite, errNoSpc, -1},
-		{"EFBIG is ENOSPC", syscall.EFBIG, "write", cmdWrite, errNoSpc, -1},
-		{"EROFS is EPERM", syscall.EROFS, "write", cmdWrite, errPerm, -1},
-		{"ENOMEM", syscall.ENOMEM, "zero", cmdWriteZeroes, errNoMem, -1},
-		{"ESHUTDOWN", syscall.ESHUTDOWN, "flush", cmdFlush, errShutdown, -1},
-		{"EINVAL on trim", syscall.EINVAL, "trim", cmdTrim, errInval, -1},
-		{"EOVERFLOW", syscall.EOVERFLOW, "read", cmdRead, errOverflow, -1},
+		{"EIO on read", fmt.Errorf("disk: %w", syscall.EIO), "read", nbdproto.CmdRead, nbdproto.EIO, -1},
+		{"unknown error on read is EIO", errors.New("tag mismatch"), "read", nbdproto.CmdRead, nbdproto.EIO, -1},
+		{"offset error on read", &OffsetError{Offset: 8192 + 512, Err: syscall.EIO}, "read", nbdproto.CmdRead, nbdproto.EIO, 8192 + 512},
+		{"offset outside request", &OffsetError{Offset: 1, Err: syscall.EIO}, "read", nbdproto.CmdRead, nbdproto.EIO, -1},
+		{"ENOSPC on write", syscall.ENOSPC, "write", nbdproto.CmdWrite, nbdproto.ENoSpc, -1},
+		{"EDQUOT is ENOSPC", syscall.EDQUOT, "write", nbdproto.CmdWrite, nbdproto.ENoSpc, -1},
+		{"EFBIG is ENOSPC", syscall.EFBIG, "write", nbdproto.CmdWrite, nbdproto.ENoSpc, -1},
+		{"EROFS is EPERM", syscall.EROFS, "write", nbdproto.CmdWrite, nbdproto.EPerm, -1},
+		{"ENOMEM", syscall.ENOMEM, "zero", nbdproto.CmdWriteZeroes, nbdproto.ENoMem, -1},
+		{"ESHUTDOWN", syscall.ESHUTDOWN, "flush", nbdproto.CmdFlush, nbdproto.EShutdown, -1},
+		{"EINVAL on trim", syscall.EINVAL, "trim", nbdproto.CmdTrim, nbdproto.EInval, -1},
+		{"EOVERFLOW", syscall.EOVERFLOW, "read", nbdproto.CmdRead, nbdproto.EOverflow, -1},
 	}
 	for _, tc := range tests {
 		for _, structured := range []bool{false, true} {
@@ -283,10 +285,10 @@ func TestBackendErrors(t *testing.T) {
 				var payload []byte
 				var off uint64 = 8192
 				var n uint32 = 4096
-				if tc.typ == cmdWrite {
+				if tc.typ == nbdproto.CmdWrite {
 					payload = pattern(4096, 9)
 				}
-				if tc.typ == cmdFlush {
+				if tc.typ == nbdproto.CmdFlush {
 					off, n = 0, 0
 				}
 				r := rc.roundTrip(t, tc.typ, 0, off, n, payload)
@@ -305,7 +307,7 @@ func TestBackendErrors(t *testing.T) {
 					}
 				}
 				// The connection goes on.
-				if r := rc.roundTrip(t, cmdRead, 0, 0, 4096, nil); r.err != 0 || len(r.data) != 4096 {
+				if r := rc.roundTrip(t, nbdproto.CmdRead, 0, 0, 4096, nil); r.err != 0 || len(r.data) != 4096 {
 					t.Fatalf("read after error: %+v", r)
 				}
 			})
@@ -326,9 +328,9 @@ func TestOutOfOrder(t *testing.T) {
 	}
 	path := serveUnix(t, oneExportServer(mem, nil))
 	rc, _ := mustConnect(t, path, true)
-	rc.send(cmdRead, 0, 1, 0, 4096, nil)
+	rc.send(nbdproto.CmdRead, 0, 1, 0, 4096, nil)
 	for h := uint64(2); h < 10; h++ {
-		rc.send(cmdRead, 0, h, h*4096, 4096, nil)
+		rc.send(nbdproto.CmdRead, 0, h, h*4096, 4096, nil)
 	}
 	for i := 0; i < 8; i++ {
 		r, err := rc.readReply()
@@ -361,9 +363,9 @@ func TestDiscWithRequestsInFlight(t *testing.T) {
 	rc, _ := mustConnect(t, path, true)
 	const n = 16
 	for h := uint64(0); h < n; h++ {
-		rc.send(cmdWrite, 0, h, h*65536, 65536, pattern(65536, byte(h)))
+		rc.send(nbdproto.CmdWrite, 0, h, h*65536, 65536, pattern(65536, byte(h)))
 	}
-	rc.send(cmdDisc, 0, 99, 0, 0, nil)
+	rc.send(nbdproto.CmdDisc, 0, 99, 0, 0, nil)
 	seen := map[uint64]bool{}
 	for i := 0; i < n; i++ {
 		r, err := rc.readReply()
@@ -442,7 +444,7 @@ func TestInFlightBounds(t *testing.T) {
 					payload := pattern(tc.size, byte(c))
 					go func() {
 						for h := uint64(0); h < uint64(perClient); h++ {
-							if err := rc.send(cmdWrite, 0, h, (h%6)*uint64(tc.size), uint32(tc.size), payload); err != nil {
+							if err := rc.send(nbdproto.CmdWrite, 0, h, (h%6)*uint64(tc.size), uint32(tc.size), payload); err != nil {
 								t.Error(err)
 								return
 							}
@@ -488,7 +490,7 @@ func TestCache(t *testing.T) {
 	cm := cachingMem{mem, make(chan [2]int64, 1)}
 	path := serveUnix(t, oneExportServer(cm, nil))
 	rc, _ := mustConnect(t, path, true)
-	if r := rc.roundTrip(t, cmdCache, 0, 8192, 65536, nil); r.err != 0 {
+	if r := rc.roundTrip(t, nbdproto.CmdCache, 0, 8192, 65536, nil); r.err != 0 {
 		t.Fatalf("cache: error %d", r.err)
 	}
 	if got := <-cm.calls; got != [2]int64{8192, 65536} {
@@ -497,7 +499,7 @@ func TestCache(t *testing.T) {
 	// Without Cacher, CACHE succeeds and does nothing.
 	path = serveUnix(t, oneExportServer(newMem(1<<20), nil))
 	rc, _ = mustConnect(t, path, false)
-	if r := rc.roundTrip(t, cmdCache, 0, 0, 4096, nil); r.err != 0 {
+	if r := rc.roundTrip(t, nbdproto.CmdCache, 0, 0, 4096, nil); r.err != 0 {
 		t.Fatalf("cache without Cacher: error %d", r.err)
 	}
 }
@@ -511,11 +513,11 @@ func TestClientGoneMidWrite(t *testing.T) {
 	path := serveUnix(t, oneExportServer(mem, nil))
 	rc, _ := mustConnect(t, path, true)
 	done := pattern(4096, 1)
-	if r := rc.roundTrip(t, cmdWrite, 0, 0, 4096, done); r.err != 0 {
+	if r := rc.roundTrip(t, nbdproto.CmdWrite, 0, 0, 4096, done); r.err != 0 {
 		t.Fatalf("first write: error %d", r.err)
 	}
 	// Header for 64 KiB at offset 64 KiB, then a fifth of the payload, then hang up.
-	hdr := reqBytes(cmdWrite, 0, 7, 65536, 65536, nil)
+	hdr := reqBytes(nbdproto.CmdWrite, 0, 7, 65536, 65536, nil)
 	if err := rc.write(append(hdr, pattern(65536, 2)[:13107]...)); err != nil {
 		t.Fatal(err)
 	}
@@ -523,9 +525,9 @@ func TestClientGoneMidWrite(t *testing.T) {
 
 	// A new client sees the first write and nothing of the torn one.
 	rc2, _ := mustConnect(t, path, true)
-	r := rc2.roundTrip(t, cmdRead, 0, 0, 4096, nil)
+	r := rc2.roundTrip(t, nbdproto.CmdRead, 0, 0, 4096, nil)
 	mustEqual(t, "completed write", r.data, done)
-	r = rc2.roundTrip(t, cmdRead, 0, 65536, 65536, nil)
+	r = rc2.roundTrip(t, nbdproto.CmdRead, 0, 65536, 65536, nil)
 	mustEqual(t, "torn write's range", r.data, make([]byte, 65536))
 	for _, op := range mem.opsCopy() {
 		if op.name == "write" && op.off == 65536 {

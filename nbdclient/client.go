@@ -12,38 +12,11 @@ import (
 	"io"
 	"net"
 	"syscall"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
-// Protocol constants, from NetworkBlockDevice/nbd doc/proto.md.
 const (
-	nbdMagic         = 0x4e42444d41474943 // "NBDMAGIC"
-	optMagic         = 0x49484156454f5054 // "IHAVEOPT"
-	optReplyMagic    = 0x0003e889045565a9
-	requestMagic     = 0x25609513
-	simpleReplyMagic = 0x67446698
-
-	flagFixedNewstyle = 1 << 0
-	flagNoZeroes      = 1 << 1
-
-	optAbort = 2
-	optGo    = 7
-
-	repAck  = 1
-	repInfo = 3
-	repErr  = 1 << 31
-
-	infoExport    = 0
-	infoBlockSize = 3
-
-	cmdRead        = 0
-	cmdWrite       = 1
-	cmdDisc        = 2
-	cmdFlush       = 3
-	cmdTrim        = 4
-	cmdWriteZeroes = 6
-
-	cmdFlagFUA = 1 << 0
-
 	maxOptReply = 64 << 10
 	// MaxRequest is the largest payload this client sends or accepts in one request.
 	MaxRequest = 32 << 20
@@ -51,14 +24,14 @@ const (
 
 // Transmission flags the server advertises (NBD_FLAG_*).
 const (
-	FlagHasFlags        = 1 << 0
-	FlagReadOnly        = 1 << 1
-	FlagSendFlush       = 1 << 2
-	FlagSendFUA         = 1 << 3
-	FlagRotational      = 1 << 4
-	FlagSendTrim        = 1 << 5
-	FlagSendWriteZeroes = 1 << 6
-	FlagCanMultiConn    = 1 << 8
+	FlagHasFlags        = nbdproto.TflagHasFlags
+	FlagReadOnly        = nbdproto.TflagReadOnly
+	FlagSendFlush       = nbdproto.TflagSendFlush
+	FlagSendFUA         = nbdproto.TflagSendFUA
+	FlagRotational      = nbdproto.TflagRotational
+	FlagSendTrim        = nbdproto.TflagSendTrim
+	FlagSendWriteZeroes = nbdproto.TflagSendWriteZeroes
+	FlagCanMultiConn    = nbdproto.TflagCanMultiConn
 )
 
 // Export describes what the server said about the export during NBD_OPT_GO.
@@ -102,16 +75,16 @@ func Handshake(conn net.Conn, name string) (*Client, error) {
 	if _, err := io.ReadFull(conn, greet[:]); err != nil {
 		return nil, fmt.Errorf("nbd handshake: read greeting: %w", err)
 	}
-	if binary.BigEndian.Uint64(greet[0:]) != nbdMagic || binary.BigEndian.Uint64(greet[8:]) != optMagic {
+	if binary.BigEndian.Uint64(greet[0:]) != nbdproto.MagicNBD || binary.BigEndian.Uint64(greet[8:]) != nbdproto.MagicOpt {
 		return nil, errors.New("nbd handshake: server is not a newstyle NBD server")
 	}
 	hflags := binary.BigEndian.Uint16(greet[16:])
-	if hflags&flagFixedNewstyle == 0 {
+	if hflags&nbdproto.FlagFixedNewstyle == 0 {
 		return nil, errors.New("nbd handshake: server does not support fixed newstyle")
 	}
-	cflags := uint32(flagFixedNewstyle)
-	if hflags&flagNoZeroes != 0 {
-		cflags |= flagNoZeroes
+	cflags := uint32(nbdproto.FlagCFixedNewstyle)
+	if hflags&nbdproto.FlagNoZeroes != 0 {
+		cflags |= nbdproto.FlagCNoZeroes
 	}
 	if err := binary.Write(conn, binary.BigEndian, cflags); err != nil {
 		return nil, fmt.Errorf("nbd handshake: %w", err)
@@ -123,36 +96,36 @@ func Handshake(conn net.Conn, name string) (*Client, error) {
 	data = binary.BigEndian.AppendUint32(data, uint32(len(name)))
 	data = append(data, name...)
 	data = binary.BigEndian.AppendUint16(data, 1)
-	data = binary.BigEndian.AppendUint16(data, infoBlockSize)
-	if err := writeOption(conn, optGo, data); err != nil {
+	data = binary.BigEndian.AppendUint16(data, nbdproto.InfoBlockSize)
+	if err := writeOption(conn, nbdproto.OptGo, data); err != nil {
 		return nil, err
 	}
 	c := &Client{conn: conn}
 	gotExport := false
 	for {
-		typ, payload, err := readOptReply(conn, optGo)
+		typ, payload, err := readOptReply(conn, nbdproto.OptGo)
 		if err != nil {
 			return nil, err
 		}
 		switch {
-		case typ == repAck:
+		case typ == nbdproto.RepAck:
 			if !gotExport {
 				return nil, errors.New("nbd handshake: server acknowledged NBD_OPT_GO without NBD_INFO_EXPORT")
 			}
 			return c, nil
-		case typ == repInfo:
+		case typ == nbdproto.RepInfo:
 			if len(payload) < 2 {
 				return nil, errors.New("nbd handshake: short NBD_REP_INFO")
 			}
 			switch binary.BigEndian.Uint16(payload) {
-			case infoExport:
+			case nbdproto.InfoExport:
 				if len(payload) != 12 {
 					return nil, errors.New("nbd handshake: bad NBD_INFO_EXPORT length")
 				}
 				c.Export.Size = binary.BigEndian.Uint64(payload[2:])
 				c.Export.Flags = binary.BigEndian.Uint16(payload[10:])
 				gotExport = true
-			case infoBlockSize:
+			case nbdproto.InfoBlockSize:
 				if len(payload) != 14 {
 					return nil, errors.New("nbd handshake: bad NBD_INFO_BLOCK_SIZE length")
 				}
@@ -160,7 +133,7 @@ func Handshake(conn net.Conn, name string) (*Client, error) {
 				c.Export.PreferredBlock = binary.BigEndian.Uint32(payload[6:])
 				c.Export.MaxBlock = binary.BigEndian.Uint32(payload[10:])
 			}
-		case typ&repErr != 0:
+		case typ&nbdproto.RepFlagError != 0:
 			msg := string(payload)
 			if msg == "" {
 				msg = fmt.Sprintf("error %#x", typ)
@@ -174,7 +147,7 @@ func Handshake(conn net.Conn, name string) (*Client, error) {
 
 func writeOption(w io.Writer, opt uint32, data []byte) error {
 	buf := make([]byte, 16+len(data))
-	binary.BigEndian.PutUint64(buf, optMagic)
+	binary.BigEndian.PutUint64(buf, nbdproto.MagicOpt)
 	binary.BigEndian.PutUint32(buf[8:], opt)
 	binary.BigEndian.PutUint32(buf[12:], uint32(len(data)))
 	copy(buf[16:], data)
@@ -189,7 +162,7 @@ func readOptReply(r io.Reader, opt uint32) (uint32, []byte, error) {
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return 0, nil, fmt.Errorf("nbd handshake: read option reply: %w", err)
 	}
-	if binary.BigEndian.Uint64(h[0:]) != optReplyMagic {
+	if binary.BigEndian.Uint64(h[0:]) != nbdproto.MagicOptReply {
 		return 0, nil, errors.New("nbd handshake: bad option reply magic")
 	}
 	if got := binary.BigEndian.Uint32(h[8:]); got != opt {
@@ -222,7 +195,8 @@ func (e *Error) Unwrap() error { return e.Errno }
 // nbdErrno maps NBD error values (which are Linux errno numbers) to syscall.Errno.
 func nbdErrno(v uint32) syscall.Errno {
 	switch v {
-	case 1, 5, 12, 22, 28, 75, 95, 108:
+	case nbdproto.EPerm, nbdproto.EIO, nbdproto.ENoMem, nbdproto.EInval, nbdproto.ENoSpc,
+		nbdproto.EOverflow, nbdproto.ENotSup, nbdproto.EShutdown:
 		return syscall.Errno(v)
 	}
 	return syscall.EIO
@@ -231,7 +205,7 @@ func nbdErrno(v uint32) syscall.Errno {
 func (c *Client) request(op string, cmd, flags uint16, off uint64, length uint32, payload, readInto []byte) error {
 	c.handle++
 	h := c.hdr[:28]
-	binary.BigEndian.PutUint32(h[0:], requestMagic)
+	binary.BigEndian.PutUint32(h[0:], nbdproto.MagicRequest)
 	binary.BigEndian.PutUint16(h[4:], flags)
 	binary.BigEndian.PutUint16(h[6:], cmd)
 	binary.BigEndian.PutUint64(h[8:], c.handle)
@@ -249,7 +223,7 @@ func (c *Client) request(op string, cmd, flags uint16, off uint64, length uint32
 	if _, err := io.ReadFull(c.conn, r); err != nil {
 		return fmt.Errorf("nbd %s: read reply: %w", op, err)
 	}
-	if binary.BigEndian.Uint32(r[0:]) != simpleReplyMagic {
+	if binary.BigEndian.Uint32(r[0:]) != nbdproto.MagicSimpleReply {
 		return fmt.Errorf("nbd %s: bad reply magic %#x", op, binary.BigEndian.Uint32(r[0:]))
 	}
 	if got := binary.BigEndian.Uint64(r[8:]); got != c.handle {
@@ -278,7 +252,7 @@ func (c *Client) ReadAt(p []byte, off int64) error {
 	if err := checkLen(len(p)); err != nil {
 		return err
 	}
-	return c.request("read", cmdRead, 0, uint64(off), uint32(len(p)), nil, p)
+	return c.request("read", nbdproto.CmdRead, 0, uint64(off), uint32(len(p)), nil, p)
 }
 
 // WriteAt writes p at off, durably before replying if fua.
@@ -288,22 +262,22 @@ func (c *Client) WriteAt(p []byte, off int64, fua bool) error {
 	}
 	var fl uint16
 	if fua {
-		fl = cmdFlagFUA
+		fl = nbdproto.CmdFlagFUA
 	}
-	return c.request("write", cmdWrite, fl, uint64(off), uint32(len(p)), p, nil)
+	return c.request("write", nbdproto.CmdWrite, fl, uint64(off), uint32(len(p)), p, nil)
 }
 
 // Flush asks the server to make completed writes durable.
-func (c *Client) Flush() error { return c.request("flush", cmdFlush, 0, 0, 0, nil, nil) }
+func (c *Client) Flush() error { return c.request("flush", nbdproto.CmdFlush, 0, 0, 0, nil, nil) }
 
 // Trim discards [off, off+length).
 func (c *Client) Trim(off int64, length uint32) error {
-	return c.request("trim", cmdTrim, 0, uint64(off), length, nil, nil)
+	return c.request("trim", nbdproto.CmdTrim, 0, uint64(off), length, nil, nil)
 }
 
 // WriteZeroes zeroes [off, off+length).
 func (c *Client) WriteZeroes(off int64, length uint32) error {
-	return c.request("write-zeroes", cmdWriteZeroes, 0, uint64(off), length, nil, nil)
+	return c.request("write-zeroes", nbdproto.CmdWriteZeroes, 0, uint64(off), length, nil, nil)
 }
 
 // Close sends NBD_CMD_DISC (which has no reply) and closes the connection.
@@ -311,8 +285,8 @@ func (c *Client) Close() error {
 	c.handle++
 	h := c.hdr[:28]
 	clear(h)
-	binary.BigEndian.PutUint32(h[0:], requestMagic)
-	binary.BigEndian.PutUint16(h[6:], cmdDisc)
+	binary.BigEndian.PutUint32(h[0:], nbdproto.MagicRequest)
+	binary.BigEndian.PutUint16(h[6:], nbdproto.CmdDisc)
 	binary.BigEndian.PutUint64(h[8:], c.handle)
 	_, werr := c.conn.Write(h)
 	cerr := c.conn.Close()
