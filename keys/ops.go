@@ -68,11 +68,17 @@ func update(p provider.Provider, change func(h *Header, raw *[HeaderSize]byte) e
 	if err := change(h, &raw); err != nil {
 		return err
 	}
-	seq, err := nextSequence(h.Sequence)
+	return writeBoth(p, h, &raw, h.Sequence)
+}
+
+// writeBoth writes raw, an edit of h, as both copies (A first) with the sequence after
+// the given ones, then zeroes a copy B that a grown provider left behind.
+func writeBoth(p provider.Provider, h *Header, raw *[HeaderSize]byte, after ...uint64) error {
+	seq, err := nextSequence(after...)
 	if err != nil {
 		return err
 	}
-	if err := finish(p, &raw, seq, aThenB); err != nil {
+	if err := finish(p, raw, seq, aThenB); err != nil {
 		return err
 	}
 	return wipeStrayCopy(p, h.ProviderSize, h.rawVolumeID())
@@ -159,14 +165,7 @@ func Kill(p provider.Provider) error {
 	if herr == nil {
 		raw := h.raw
 		clear(raw[offSlots:offReserved])
-		seq, err := nextSequence(h.Sequence)
-		if err != nil {
-			return err
-		}
-		if err := finish(p, &raw, seq, aThenB); err != nil {
-			return err
-		}
-		return wipeStrayCopy(p, h.ProviderSize, h.rawVolumeID())
+		return writeBoth(p, h, &raw, h.Sequence)
 	}
 	if errors.Is(herr, ErrNotELI) || errors.Is(herr, ErrVersion) || kindOf(herr) == nil {
 		return herr
@@ -223,15 +222,8 @@ func Restore(p provider.Provider, backup []byte, force bool) error {
 	if !force && hb.ProviderSize != p.Size() {
 		return newError(ErrSizeMismatch, "the backup was written when the provider had %d bytes; it has %d now", hb.ProviderSize, p.Size())
 	}
-	seq, err := nextSequence(seqs...)
-	if err != nil {
-		return err
-	}
 	raw := hb.raw
-	if err := finish(p, &raw, seq, aThenB); err != nil {
-		return err
-	}
-	return wipeStrayCopy(p, hb.ProviderSize, hb.rawVolumeID())
+	return writeBoth(p, hb, &raw, seqs...)
 }
 
 // Resize records a new sector count and the provider's present size (after the provider
