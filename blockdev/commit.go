@@ -170,12 +170,7 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 	if err := d.writeData(b, jes); err != nil {
 		return err
 	}
-	for _, blk := range blocks {
-		if _, err := d.p.WriteAt(blk.data, d.geo.blockPos(blk.g)); err != nil {
-			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
-		}
-	}
-	if err := d.sync(); err != nil {
+	if err := d.writeBlocks(blocks); err != nil {
 		return err
 	}
 	d.stats.rounds.Add(1)
@@ -209,7 +204,7 @@ func (d *Device) writeData(b *batch, jes []journalEntry) error {
 		e := b.entries[i]
 		g, _ := d.geo.groupOf(i)
 		y := x + 1
-		for y < len(jes) && y-x < d.readPiece {
+		for y < len(jes) && y-x < d.ioPiece {
 			ni := jes[y].index
 			ne := b.entries[ni]
 			ng, _ := d.geo.groupOf(ni)
@@ -260,4 +255,15 @@ type dataOp struct {
 	n     int
 	pos   int64
 	data  []byte
+}
+
+// writeBlocks writes metadata blocks in place and syncs: the last step of a commit round
+// and of recovery.
+func (d *Device) writeBlocks(blocks []*mblock) error {
+	for _, blk := range blocks {
+		if _, err := d.p.WriteAt(blk.data, d.geo.blockPos(blk.g)); err != nil {
+			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
+		}
+	}
+	return d.sync()
 }

@@ -99,7 +99,7 @@ type Device struct {
 
 	pieceSectors int // sectors per slab and per step of a large request
 	chunkSectors int // sectors per parallel chunk
-	readPiece    int // sectors per parallel read from the provider
+	ioPiece      int // sectors per parallel read or write of the provider
 	workers      *workers
 	locks        stripes
 	bufs         sync.Pool // *[]byte of pieceSectors·S + Slack, for scratch
@@ -178,7 +178,7 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	}
 	d.pieceSectors = max(1, (1<<20)/d.s)
 	d.chunkSectors = max(1, (64<<10)/d.s)
-	d.readPiece = max(1, (256<<10)/d.s)
+	d.ioPiece = max(1, (256<<10)/d.s)
 	d.bufs.New = func() any {
 		b := make([]byte, d.pieceSectors*d.s+sector.Slack)
 		return &b
@@ -219,7 +219,7 @@ func (d *Device) openAuthenticated(cfg Config) error {
 	}
 	m := d.l.MetaBlockSize()
 	d.cache = newMetaCache(m, cacheBytes, func(g uint64, buf []byte) error {
-		_, err := d.p.ReadAt(buf, d.l.BlockPos(g))
+		_, err := d.p.ReadAt(buf, d.geo.blockPos(g))
 		return err
 	})
 	// A round pins its metadata blocks, so it may use half of the cache; the other half

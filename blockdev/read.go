@@ -200,14 +200,14 @@ func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte, 
 				}
 			}
 		}
-		// Data of sectors with a record, coalesced into runs of at most readPiece sectors.
+		// Data of sectors with a record, coalesced into runs of at most ioPiece sectors.
 		for x := k; x < end; {
 			if src[x].kind != srcDisk || src[x].rec.isZero() {
 				x++
 				continue
 			}
 			y := x + 1
-			for y < end && y-x < d.readPiece && src[y].kind == srcDisk && !src[y].rec.isZero() {
+			for y < end && y-x < d.ioPiece && src[y].kind == srcDisk && !src[y].rec.isZero() {
 				y++
 			}
 			runs = append(runs, readRun{x, y})

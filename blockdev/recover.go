@@ -47,7 +47,7 @@ func (d *Device) recover() error {
 		if e.new.isZero() {
 			choice = e.new
 		} else {
-			if _, err := d.p.ReadAt(buf[:d.s], d.l.DataPos(e.index)); err != nil {
+			if _, err := d.p.ReadAt(buf[:d.s], d.geo.dataPos(e.index)); err != nil {
 				return fmt.Errorf("read sector %d: %w", e.index, err)
 			}
 			err := d.codec.Open(e.index, buf[:d.s], e.new[:])
@@ -64,7 +64,7 @@ func (d *Device) recover() error {
 		} else {
 			d.recovery.RolledBack++
 		}
-		g, j := d.l.GroupOf(e.index)
+		g, j := d.geo.groupOf(e.index)
 		if len(blocks) == 0 || blocks[len(blocks)-1].g != g {
 			b, err := d.cache.get(g)
 			if err != nil {
@@ -88,12 +88,7 @@ func (d *Device) recover() error {
 	if d.ro {
 		return nil
 	}
-	for _, b := range blocks {
-		if _, err := d.p.WriteAt(b.data, d.l.BlockPos(b.g)); err != nil {
-			return fmt.Errorf("write metadata block of group %d: %w", b.g, err)
-		}
-	}
-	if err := d.sync(); err != nil {
+	if err := d.writeBlocks(blocks); err != nil {
 		return err
 	}
 	// The records are durable: the journal has done its job.
