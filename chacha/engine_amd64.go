@@ -183,3 +183,17 @@ func xor8(e engine, st *[16]uint32, dst, src *byte, n int, rounds int, ctr64 boo
 		xorAVX2(st, dst, src, n, rounds, ctr64)
 	}
 }
+
+//go:noescape
+func firstBlocksAVX512(in *[16][16]uint32, out *[8][16]uint32, rounds int)
+
+// firstBlocks computes words 0..7 of the keystream block of the first lanes of the 16
+// word-sliced states in (see firstBlocksGeneric) with engine e. The AVX-512 kernel
+// always does all 16: a lane costs it nothing.
+func firstBlocks(e engine, in *[16][16]uint32, out *[8][16]uint32, lanes, rounds int) {
+	if e == engineAVX512 {
+		firstBlocksAVX512(in, out, rounds)
+		return
+	}
+	firstBlocksGeneric(in, out, lanes, rounds)
+}

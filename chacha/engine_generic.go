@@ -17,3 +17,7 @@ func hchachaEngine(_ engine, st *[16]uint32, rounds int) [8]uint32 {
 func hchachaManyEngine(_ engine, st *[16]uint32, rounds int, nonces, out []byte) {
 	hchachaManyGeneric(st, rounds, nonces, out)
 }
+
+func firstBlocks(_ engine, in *[16][16]uint32, out *[8][16]uint32, lanes, rounds int) {
+	firstBlocksGeneric(in, out, lanes, rounds)
+}

@@ -25,6 +25,9 @@
 //     hchachaManyAVX2 (8): HChaCha for many nonces at once, one per lane, word-sliced
 //     like the block kernels (hchachamany.go). XChaCha over a run of disk sectors needs
 //     one subkey per sector; this makes them nearly free beside the keystream.
+//   - firstBlocksAVX512: block 0 of 16 unrelated states, one per lane (firstblocks.go):
+//     the Poly1305 keys of XChaCha20-Poly1305 over a run of sectors, each with its own
+//     subkey.
 //
 // Every kernel takes a byte count that is a multiple of its chunk (512 or 1024 bytes),
 // reads the starting block counter from st[12] (and st[13]) and never writes st. Block
@@ -98,6 +101,7 @@ func main() {
 	g.hchachaManyEVEX("hchachaManyAVX512", 16)
 	g.hchachaManyEVEX("hchachaManyAVX512VL8", 8)
 	g.hchachaManyAVX2("hchachaManyAVX2")
+	g.firstBlocks("firstBlocksAVX512")
 	if err := os.WriteFile(*out, g.b.Bytes(), 0o644); err != nil {
 		log.Fatal(err)
 	}
