@@ -2,12 +2,12 @@ package sector
 
 import (
 	"crypto/cipher"
-	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"sync"
 
 	"github.com/elidisk/eli/internal/wipe"
+	"github.com/elidisk/eli/poly1305"
 	"golang.org/x/crypto/chacha20poly1305"
 )
 
@@ -23,32 +23,34 @@ const (
 	adSize       = adPrefixSize + 8          // then the sector index
 )
 
-// The tag must fit the spare capacity blockdev/ leaves after each sector buffer.
-var _ [Slack - aeadTagSize]struct{}
-
 // aeadCodec is the default mode: XChaCha20-Poly1305 with a fresh random nonce per Seal.
 //
-// Nonces come straight from crypto/rand. Measured on the development machine (Go 1.26,
-// Linux 6.18, vDSO getrandom; BenchmarkNonce, BenchmarkAEADSeal*): 67 ns per 24-byte read
-// against 1.7 µs to seal a 4 KiB sector on one core (4%) and 0.5 µs for 512 bytes (13%).
-// Buffering them (a per-P pool refilled with 4 KiB reads) measured 50 ns: the kernel
-// generator's bulk rate (about 700 MB/s) bounds what any buffering saves, and the gain
-// (1% of a 4 KiB seal, 3% of a 512-byte one) is not worth keeping unconsumed random state
-// in memory.
+// Nonces come from crypto/rand, one read per run of up to 16 sectors (aeadrun.go). One
+// 24-byte read measured 67 ns (Go 1.26, Linux 6.18, vDSO getrandom; BenchmarkNonce)
+// against about 1.3 µs to seal a 4 KiB sector on one core; a read for 16 spreads that
+// over the run. Nothing random is kept in memory between calls.
 type aeadCodec struct {
-	aead     cipher.AEAD
+	aead     cipher.AEAD // x/crypto's, for machines without a vector Poly1305
+	key      *[32]byte   // the same key, for our own composition (aeadrun.go)
+	fast     bool        // poly1305.Accelerated: seal and open with our composition
 	size     int
 	adPrefix [adPrefixSize]byte
 	scratch  sync.Pool // *aeadScratch
 }
 
-// aeadScratch is per-call memory taken from a pool. The AEAD is called through an
-// interface, so anything passed to it escapes; keeping ad (and the fallback buffer for
-// callers without Slack) here rather than on the stack keeps Seal and Open free of
-// allocations.
+// polyKeySize is the length of a sector's one-time Poly1305 key.
+const polyKeySize = 32
+
+// aeadScratch is per-call memory taken from a pool: the additional data, the nonces and
+// Poly1305 keys of one chunk of a run, and a sector-and-tag buffer for x/crypto's AEAD,
+// which appends its tag. Keeping them here rather than on the stack keeps Seal and Open
+// free of allocations (anything handed to an interface or assembly escapes).
 type aeadScratch struct {
-	ad  [adSize]byte
-	buf []byte // size + tag, only for buffers with less than Slack spare capacity
+	ad       [adSize]byte
+	nonces   [aeadChunk * aeadNonceSize]byte
+	polyKeys [aeadChunk * polyKeySize]byte
+	ok       [aeadChunk]bool
+	buf      []byte // size + tag, for x/crypto
 }
 
 func newAEAD(p Params) (Codec, error) {
@@ -56,7 +58,8 @@ func newAEAD(p Params) (Codec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sector: xchacha20-poly1305: %w", err)
 	}
-	c := &aeadCodec{aead: a, size: p.SectorSize}
+	c := &aeadCodec{aead: a, key: new([32]byte), fast: poly1305.Accelerated(), size: p.SectorSize}
+	copy(c.key[:], p.Key)
 	n := copy(c.adPrefix[:], adLabel)
 	n += copy(c.adPrefix[n:], p.VolumeID[:])
 	c.adPrefix[n] = byte(ModeXChaCha20Poly1305)
@@ -73,13 +76,7 @@ func (c *aeadCodec) Mode() Mode      { return ModeXChaCha20Poly1305 }
 func (c *aeadCodec) SectorSize() int { return c.size }
 func (c *aeadCodec) MetaSize() int   { return aeadMetaSize }
 
-func (c *aeadCodec) getScratch(index uint64) *aeadScratch {
-	s := c.scratch.Get().(*aeadScratch)
-	binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], index)
-	return s
-}
-
-// fallback returns the scratch buffer that stands in for buf when buf lacks Slack.
+// fallback returns the scratch buffer x/crypto's AEAD seals into and opens from.
 func (s *aeadScratch) fallback(size int) []byte {
 	if cap(s.buf) < size+aeadTagSize {
 		s.buf = make([]byte, size+aeadTagSize)
@@ -96,61 +93,25 @@ func (c *aeadCodec) checkLens(buf, meta []byte) {
 	}
 }
 
+// Seal, SealTo and Open are the run calls (aeadrun.go) for a run of one sector.
+
 func (c *aeadCodec) Seal(index uint64, buf, meta []byte) {
 	c.checkLens(buf, meta)
-	nonce := meta[:aeadNonceSize]
-	rand.Read(nonce) // never fails (crypto/rand crashes the program rather than return short)
-	s := c.getScratch(index)
-	if cap(buf)-len(buf) >= aeadTagSize {
-		out := c.aead.Seal(buf[:0], nonce, buf, s.ad[:])
-		copy(meta[aeadNonceSize:], out[c.size:])
-	} else {
-		tmp := s.fallback(c.size)
-		out := c.aead.Seal(tmp[:0], nonce, buf, s.ad[:])
-		copy(buf, out[:c.size])
-		copy(meta[aeadNonceSize:], out[c.size:])
-	}
-	c.scratch.Put(s)
+	c.SealRunMeta(index, buf, buf, meta)
 }
 
 // SealTo is Seal from src into dst (both SectorSize bytes, not overlapping), which spares
 // a caller that must keep its plaintext the copy it would otherwise make first. It is an
-// optional extension of Codec: blockdev/ looks for it with a type assertion. The tag is
-// written in dst's spare capacity when it has Slack, as with Seal.
+// optional extension of Codec: blockdev/ looks for it with a type assertion.
 func (c *aeadCodec) SealTo(index uint64, dst, src, meta []byte) {
 	c.checkLens(dst, meta)
 	c.checkLens(src, meta)
-	nonce := meta[:aeadNonceSize]
-	rand.Read(nonce)
-	s := c.getScratch(index)
-	if cap(dst)-len(dst) >= aeadTagSize {
-		out := c.aead.Seal(dst[:0], nonce, src, s.ad[:])
-		copy(meta[aeadNonceSize:], out[c.size:])
-	} else {
-		tmp := s.fallback(c.size)
-		out := c.aead.Seal(tmp[:0], nonce, src, s.ad[:])
-		copy(dst, out[:c.size])
-		copy(meta[aeadNonceSize:], out[c.size:])
-	}
-	c.scratch.Put(s)
+	c.SealRunMeta(index, dst, src, meta)
 }
 
 func (c *aeadCodec) Open(index uint64, buf, meta []byte) error {
 	c.checkLens(buf, meta)
-	s := c.getScratch(index)
-	var err error
-	if cap(buf)-len(buf) >= aeadTagSize {
-		ct := buf[:c.size+aeadTagSize]
-		copy(ct[c.size:], meta[aeadNonceSize:])
-		_, err = c.aead.Open(buf[:0], meta[:aeadNonceSize], ct, s.ad[:])
-	} else {
-		tmp := s.fallback(c.size)
-		copy(tmp, buf)
-		copy(tmp[c.size:], meta[aeadNonceSize:])
-		_, err = c.aead.Open(buf[:0], meta[:aeadNonceSize], tmp, s.ad[:])
-	}
-	c.scratch.Put(s)
-	if err != nil {
+	if err := c.OpenRunMeta(index, buf, buf, meta); err != nil {
 		return fmt.Errorf("sector %d: %w", index, ErrAuth)
 	}
 	return nil
@@ -159,5 +120,6 @@ func (c *aeadCodec) Open(index uint64, buf, meta []byte) error {
 // Wipe zeroes the key inside the x/crypto AEAD (see package wipe for how).
 func (c *aeadCodec) Wipe() {
 	wipe.AEADKey(c.aead)
+	clear(c.key[:])
 	c.aead = nil
 }

@@ -288,9 +288,13 @@ func TestAEADWipe(t *testing.T) {
 	}
 
 	c := newTestAEAD(t, 512, testVol)
+	key32 := c.(*aeadCodec).key
 	c.Wipe()
 	if c.(*aeadCodec).aead != nil {
 		t.Fatal("Wipe kept the AEAD")
+	}
+	if *key32 != [32]byte{} {
+		t.Fatal("Wipe left the key of our own composition")
 	}
 }
 

@@ -1,0 +1,203 @@
+package sector
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"github.com/elidisk/eli/chacha"
+	"github.com/elidisk/eli/poly1305"
+)
+
+// MetaRunner is implemented by the authenticated codec: Seal and Open for a run of
+// consecutive sectors whose records lie side by side in meta (MetaSize bytes each). The
+// output is exactly what Seal and Open give sector by sector; the point is the cost.
+// blockdev/ calls it for the runs of sectors of each request.
+//
+// With a vector Poly1305 on the machine (poly1305.Accelerated), xchacha20-poly1305 runs
+// as our own composition: chacha.XORKeyStreamXAEAD computes 16 sectors' subkeys and
+// Poly1305 keys in vector lanes and the keystream with the AVX-512 kernel, and
+// poly1305.SumAEAD tags each sector, with the tag kept apart from the ciphertext, which
+// x/crypto's AEAD cannot do (it appends the tag, so every sector would need room behind
+// it or a copy). The bytes are those of x/crypto's NewX, which the tests check
+// (aeadrun_test.go); without the vector Poly1305 the codec calls x/crypto itself.
+type MetaRunner interface {
+	// SealRunMeta seals the len(src)/SectorSize() sectors of src, the first with index
+	// first and the others with the following ones, into dst, and writes their records
+	// into meta. dst and src are the same slice or do not overlap; it panics on wrong
+	// lengths or an overlap before writing anything.
+	SealRunMeta(first uint64, dst, src, meta []byte)
+	// OpenRunMeta opens likewise. Each sector's tag is checked before it is decrypted;
+	// a sector that fails is zeroed in dst, never decrypted, and the error (a
+	// *RunAuthError) names every such sector. On the arguments SealRunMeta panics on, it
+	// returns an error and writes nothing.
+	OpenRunMeta(first uint64, dst, src, meta []byte) error
+}
+
+var _ MetaRunner = (*aeadCodec)(nil)
+
+// RunAuthError lists the sectors of a run that failed authentication, in order. It
+// wraps ErrAuth (and so syscall.EIO).
+type RunAuthError struct{ Sectors []uint64 }
+
+func (e *RunAuthError) Error() string {
+	var b strings.Builder
+	for i, s := range e.Sectors {
+		if i == 8 {
+			fmt.Fprintf(&b, " and %d more", len(e.Sectors)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprint(&b, s)
+	}
+	return fmt.Sprintf("sectors %s: %v", b.String(), ErrAuth)
+}
+
+func (e *RunAuthError) Unwrap() error { return ErrAuth }
+
+// aeadChunk is how many sectors one XORKeyStreamXAEAD call takes: one pass of 16 lanes.
+const aeadChunk = 16
+
+func (c *aeadCodec) checkMeta(dst, src, meta []byte) (int, error) {
+	if err := checkRun(ModeXChaCha20Poly1305, c.size, dst, src); err != nil {
+		return 0, err
+	}
+	n := len(src) / c.size
+	if len(meta) != n*aeadMetaSize {
+		return 0, fmt.Errorf("sector: xchacha20-poly1305 run of %d sectors given %d bytes of records, want %d", n, len(meta), n*aeadMetaSize)
+	}
+	if overlaps(meta, dst) || overlaps(meta, src) {
+		return 0, fmt.Errorf("sector: xchacha20-poly1305 run's records overlap its sectors")
+	}
+	return n, nil
+}
+
+func (c *aeadCodec) SealRunMeta(first uint64, dst, src, meta []byte) {
+	n, err := c.checkMeta(dst, src, meta)
+	if err != nil {
+		panic(err.Error())
+	}
+	s := c.scratch.Get().(*aeadScratch)
+	defer c.scratch.Put(s)
+	size := c.size
+	for i := 0; i < n; i += aeadChunk {
+		k := min(aeadChunk, n-i)
+		nonces := s.nonces[:k*aeadNonceSize]
+		rand.Read(nonces) // never fails (crypto/rand crashes the program rather than return short)
+		for j := range k {
+			copy(meta[(i+j)*aeadMetaSize:], nonces[j*aeadNonceSize:(j+1)*aeadNonceSize])
+		}
+		d, p := dst[i*size:(i+k)*size], src[i*size:(i+k)*size]
+		if !c.fast {
+			for j := range k {
+				c.sealXCrypto(s, first+uint64(i+j), d[j*size:(j+1)*size], p[j*size:(j+1)*size], meta[(i+j)*aeadMetaSize:(i+j+1)*aeadMetaSize])
+			}
+			continue
+		}
+		keys := s.polyKeys[:k*polyKeySize]
+		chacha.XORKeyStreamXAEAD(c.key, nonces, keys, d, p)
+		for j := range k {
+			binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], first+uint64(i+j))
+			tag := (*[aeadTagSize]byte)(meta[(i+j)*aeadMetaSize+aeadNonceSize:])
+			poly1305.SumAEAD(tag, (*[polyKeySize]byte)(keys[j*polyKeySize:]), s.ad[:], d[j*size:(j+1)*size])
+		}
+	}
+	clear(s.polyKeys[:])
+}
+
+func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
+	n, err := c.checkMeta(dst, src, meta)
+	if err != nil {
+		return err
+	}
+	s := c.scratch.Get().(*aeadScratch)
+	defer c.scratch.Put(s)
+	size := c.size
+	var bad []uint64
+	for i := 0; i < n; i += aeadChunk {
+		k := min(aeadChunk, n-i)
+		d, p := dst[i*size:(i+k)*size], src[i*size:(i+k)*size]
+		if !c.fast {
+			for j := range k {
+				if !c.openXCrypto(s, first+uint64(i+j), d[j*size:(j+1)*size], p[j*size:(j+1)*size], meta[(i+j)*aeadMetaSize:(i+j+1)*aeadMetaSize]) {
+					clear(d[j*size : (j+1)*size])
+					bad = append(bad, first+uint64(i+j))
+				}
+			}
+			continue
+		}
+		nonces := s.nonces[:k*aeadNonceSize]
+		for j := range k {
+			copy(nonces[j*aeadNonceSize:], meta[(i+j)*aeadMetaSize:(i+j)*aeadMetaSize+aeadNonceSize])
+		}
+		// The tags first, over the ciphertext: only then is anything decrypted, and in
+		// place the ciphertext is gone afterwards.
+		keys := s.polyKeys[:k*polyKeySize]
+		chacha.XORKeyStreamXAEAD(c.key, nonces, keys, nil, nil)
+		failed := 0
+		for j := range k {
+			binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], first+uint64(i+j))
+			var tag [aeadTagSize]byte
+			poly1305.SumAEAD(&tag, (*[polyKeySize]byte)(keys[j*polyKeySize:]), s.ad[:], p[j*size:(j+1)*size])
+			ok := subtle.ConstantTimeCompare(tag[:], meta[(i+j)*aeadMetaSize+aeadNonceSize:(i+j+1)*aeadMetaSize]) == 1
+			s.ok[j] = ok
+			if !ok {
+				failed++
+			}
+		}
+		if failed == 0 {
+			// XORKeyStreamXAEAD derives the keys again on the way: a 16th of a block per
+			// sector, less than keeping the subkeys around would cost in code.
+			chacha.XORKeyStreamXAEAD(c.key, nonces, keys, d, p)
+			continue
+		}
+		for j := range k {
+			sd := d[j*size : (j+1)*size]
+			if !s.ok[j] {
+				clear(sd)
+				bad = append(bad, first+uint64(i+j))
+				continue
+			}
+			chacha.XORKeyStreamXAEAD(c.key, nonces[j*aeadNonceSize:(j+1)*aeadNonceSize], keys[:polyKeySize], sd, p[j*size:(j+1)*size])
+		}
+	}
+	clear(s.polyKeys[:])
+	if bad != nil {
+		return &RunAuthError{Sectors: bad}
+	}
+	return nil
+}
+
+// sealXCrypto seals one sector with x/crypto's AEAD, whose nonce is already in meta.
+func (c *aeadCodec) sealXCrypto(s *aeadScratch, index uint64, dst, src, meta []byte) {
+	binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], index)
+	tmp := s.fallback(c.size)
+	out := c.aead.Seal(tmp[:0], meta[:aeadNonceSize], src, s.ad[:])
+	copy(dst, out[:c.size])
+	copy(meta[aeadNonceSize:], out[c.size:])
+}
+
+// openXCrypto opens one sector with x/crypto's AEAD and reports whether it was
+// authentic; dst is written only if it was.
+func (c *aeadCodec) openXCrypto(s *aeadScratch, index uint64, dst, src, meta []byte) bool {
+	binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], index)
+	tmp := s.fallback(c.size)
+	copy(tmp, src)
+	copy(tmp[c.size:], meta[aeadNonceSize:])
+	pt, err := c.aead.Open(tmp[:0], meta[:aeadNonceSize], tmp, s.ad[:])
+	if err != nil {
+		return false
+	}
+	copy(dst, pt)
+	clear(pt)
+	return true
+}
+
+// overlaps reports whether x and y share any byte.
+func overlaps(x, y []byte) bool {
+	return len(x) > 0 && len(y) > 0 && (inexactOverlap(x, y) || &x[0] == &y[0])
+}
