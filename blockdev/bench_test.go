@@ -34,7 +34,8 @@ import (
 // ≥ 0.75); cpu-ratio = raw CPU time per byte over the device's, which equals ratio when
 // every core is busy and is steadier on a shared machine; stream-cpu-ratio, the same
 // against raw sealing from a 1 MiB source into a 32 MiB ring (data moving through memory).
-// ELI_BENCH_BATCH and ELI_BENCH_WORKERS override MaxBatchBytes and Workers.
+// ELI_BENCH_BATCH, ELI_BENCH_COMMIT and ELI_BENCH_WORKERS override MaxBatchBytes,
+// CommitBytes and Workers.
 //
 // BenchmarkRandomWrite4K reports IOPS of 4 KiB writes at random offsets with a Flush every
 // 64, from one client and from 4·GOMAXPROCS.
@@ -182,7 +183,7 @@ func BenchmarkDeviceVsRaw(b *testing.B) {
 			if bc.tmpfs {
 				dir = benchDir(b)
 			}
-			d := benchDevice(b, dir, volSize, Config{MaxBatchBytes: benchBatch(), Workers: benchWorkers()})
+			d := benchDevice(b, dir, volSize, Config{MaxBatchBytes: benchBatch(), CommitBytes: benchCommit(), Workers: benchWorkers()})
 			defer d.Close()
 			buf := make([]byte, req)
 			crand.Read(buf)
@@ -376,6 +377,12 @@ func BenchmarkPeakHeap(b *testing.B) {
 // benchBatch lets ELI_BENCH_BATCH (bytes) override MaxBatchBytes, to study its effect.
 func benchBatch() int64 {
 	v, _ := strconv.ParseInt(os.Getenv("ELI_BENCH_BATCH"), 10, 64)
+	return v
+}
+
+// benchCommit lets ELI_BENCH_COMMIT override Config.CommitBytes.
+func benchCommit() int64 {
+	v, _ := strconv.ParseInt(os.Getenv("ELI_BENCH_COMMIT"), 10, 64)
 	return v
 }
 

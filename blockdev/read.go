@@ -103,7 +103,13 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 		}
 		d.dropRefs(src)
 	}
+	mr, runs := d.codec.(sector.MetaRunner)
 	return d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+		if runs {
+			// rs.recs is free again (fetchDisk copied the records into src), and chunks
+			// use disjoint parts of it.
+			return d.openRuns(mr, dst, first, src, lo, hi, rs.recs)
+		}
 		return d.openSources(dst, first, src, lo, hi)
 	})
 }
@@ -241,6 +247,46 @@ func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte, 
 
 // readRun is sectors [lo, hi) of a request, stored contiguously on the provider.
 type readRun struct{ lo, hi int }
+
+// openRuns turns sectors [lo, hi) of dst into plaintext with a MetaRunner codec: one
+// OpenRunMeta per run of sectors that have a record, whose records it lines up in
+// recs (at the sectors' own positions, RecordSize bytes each).
+func (d *Device) openRuns(mr sector.MetaRunner, dst []byte, first uint64, src []source, lo, hi int, recs []byte) error {
+	s := d.s
+	const rs = layout.RecordSize
+	var firstErr error
+	for k := lo; k < hi; {
+		if src[k].rec.isZero() {
+			// Never written, trimmed or zeroed: zeroes, whatever the data area holds.
+			clear(dst[k*s : (k+1)*s])
+			k++
+			continue
+		}
+		j := k
+		for ; j < hi && !src[j].rec.isZero(); j++ {
+			if sc := &src[j]; sc.kind == srcBatch {
+				copy(dst[j*s:(j+1)*s], sc.slab.buf[sc.off:int(sc.off)+s])
+			}
+			copy(recs[j*rs:(j+1)*rs], src[j].rec[:])
+		}
+		err := mr.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
+		if err != nil {
+			var bad *sector.RunAuthError
+			if !errors.As(err, &bad) {
+				return fmt.Errorf("open sectors %d-%d: %w", first+uint64(k), first+uint64(j-1), err)
+			}
+			for _, i := range bad.Sectors {
+				serr := fmt.Errorf("sector %d: %w", i, sector.ErrAuth)
+				d.reportAuth(i, serr)
+				if firstErr == nil {
+					firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(s), Err: serr}
+				}
+			}
+		}
+		k = j
+	}
+	return firstErr
+}
 
 // openSources turns sectors [lo, hi) of dst into plaintext. Like sealInSlab it opens in
 // place, borrowing the next sector's first bytes as the tag's room, except for the last

@@ -2,7 +2,9 @@ package blockdev
 
 import (
 	"time"
+	"unsafe"
 
+	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -36,24 +38,17 @@ func (d *Device) sealInSlab(buf []byte, first uint64, lo, hi, total int, recs []
 }
 
 // sealerTo is the optional codec extension that seals from one buffer into another
-// (sector's xchacha20-poly1305 has it): a write then needs no copy of the caller's data.
+// (the length-preserving codecs have it): a write then needs no copy of the caller's data.
 type sealerTo interface {
 	SealTo(index uint64, dst, src, meta []byte)
 }
 
-// sealToSlab seals sectors [lo, hi) of plaintext p into slab buf. Each tag lands in the
-// next sector's room, which that sector's ciphertext overwrites next; the last sector of
-// a chunk instead gets no spare capacity (the codec then copies), as the next chunk's
-// first sector may be written concurrently.
-func (d *Device) sealToSlab(st sealerTo, buf, p []byte, first uint64, lo, hi, total int, recs []record) {
-	s := d.s
-	for k := lo; k < hi; k++ {
-		dst := buf[k*s : (k+1)*s : (k+1)*s+sector.Slack]
-		if k == hi-1 && k != total-1 {
-			dst = dst[:s:s]
-		}
-		st.SealTo(first+uint64(k), dst, p[k*s:(k+1)*s], recs[k][:])
+// recordBytes is recs as the contiguous bytes they are, for sector.MetaRunner.
+func recordBytes(recs []record) []byte {
+	if len(recs) == 0 {
+		return nil
 	}
+	return unsafe.Slice(&recs[0][0], len(recs)*layout.RecordSize)
 }
 
 // writeWhole writes n whole sectors (n ≤ pieceSectors) from p and returns the sequence
@@ -67,9 +62,10 @@ func (d *Device) writeWhole(p []byte, first uint64, n int) (uint64, error) {
 	}
 	rp := d.getRecs(n)
 	recs := *rp
-	if st, ok := d.codec.(sealerTo); ok {
+	if mr, ok := d.codec.(sector.MetaRunner); ok {
+		s := d.s
 		d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-			d.sealToSlab(st, sl.buf, p, first, lo, hi, n, recs)
+			mr.SealRunMeta(first+uint64(lo), sl.buf[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
 			return nil
 		})
 	} else {
