@@ -13,6 +13,7 @@ func FuzzSumAEAD(f *testing.F) {
 	f.Add(make([]byte, 32), make([]byte, 42), make([]byte, 512), uint8(0))
 	f.Add(bytes.Repeat([]byte{0xff}, 32), bytes.Repeat([]byte{0xff}, 13), bytes.Repeat([]byte{0xff}, 4096), uint8(3))
 	f.Add(append([]byte{1}, make([]byte, 31)...), []byte{}, bytes.Repeat([]byte{0xfe}, 1000), uint8(17))
+	f.Add(bytes.Repeat([]byte{0xa5}, 32), bytes.Repeat([]byte{0x5a}, 200), bytes.Repeat([]byte{0xff}, 2047), uint8(9))
 	f.Fuzz(func(t *testing.T, keyBytes, ad, ct []byte, offset uint8) {
 		var key [32]byte
 		copy(key[:], keyBytes)

@@ -453,6 +453,14 @@ func (g *gen) kernel() {
 		g.op("VPADDQ X14, X13, X13")
 		g.op("VMOVQ X13, %d(AX)", offH+8*i)
 	}
+	// The frame held powers of the one-time key: leave none of it on the stack.
+	g.op("VPXORQ Z13, Z13, Z13")
+	for off := 0; off+64 <= frameLen; off += 64 {
+		g.op("VMOVDQU64 Z13, %d(SP)", off)
+	}
+	if frameLen%64 != 0 {
+		g.op("VMOVDQU64 Z13, %d(SP)", frameLen-64)
+	}
 	g.op("VZEROUPPER")
 	g.op("RET")
 }
