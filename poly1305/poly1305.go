@@ -2,10 +2,10 @@
 // §2.8) straight from the additional data and the ciphertext, for eli's per-sector
 // XChaCha20-Poly1305.
 //
-// On amd64 CPUs with AVX-512 IFMA the bulk of the ciphertext goes through a vector
-// kernel (eight blocks at a time, radix 2^44); the few blocks around it (additional
-// data, the last partial run, the lengths) go through scalar Go code. Elsewhere, and
-// with -tags purego, golang.org/x/crypto/poly1305 computes the tag.
+// On amd64 CPUs with AVX-512 IFMA one assembly kernel computes the whole MAC input,
+// eight 16-byte blocks at a time in radix 2^44 (ifma.go, _asm/main.go); Go code only
+// stages the few blocks that cannot be read in place and does the final reduction.
+// Elsewhere, and with -tags purego, golang.org/x/crypto/poly1305 computes the tag.
 package poly1305
 
 // TagSize is the size of a Poly1305 tag; KeySize of its one-time key.
@@ -30,7 +30,7 @@ type path uint8
 
 const (
 	pathGeneric path = iota // golang.org/x/crypto/poly1305
-	pathIFMA                // AVX-512 IFMA kernel with scalar Go around it
+	pathIFMA                // AVX-512 IFMA kernel
 )
 
 func (p path) String() string {

@@ -5,26 +5,27 @@
 // A plain Go program that prints Go assembly, like chacha/_asm: the multiplication and
 // the carry chain are loops over register names, which read better here than macros.
 //
-// blocksIFMA runs Horner's rule (RFC 8439 §2.5.1: h = (h + block)·r mod 2^130−5) over
-// n bytes of full 16-byte blocks, eight blocks at a time, one block per 64-bit lane of
-// a ZMM register. Numbers are held in radix 2^44: three limbs of 44, 44 and 42 bits,
-// so that a limb product fits the 52×52-bit multipliers of AVX-512 IFMA
-// (VPMADD52LUQ/VPMADD52HUQ add the low/high 52 bits of a product to an accumulator).
-// The radix-2^44 IFMA idea is public: S. Gueron and V. Krasnov's work and OpenSSL's
-// poly1305-x86_64 avx512ifma path describe it; this code is our own.
+// polyIFMA runs Horner's rule (RFC 8439 §2.5.1: h = (h + block)·r mod 2^130−5) over a
+// sequence of 128-byte chunks of 16-byte blocks, one block per 64-bit lane of a ZMM
+// register, every block with its 2^128 bit (ifma.go lays out the AEAD input so). Numbers
+// are held in radix 2^44: three limbs of 44, 44 and 42 bits, so that a limb product fits
+// the 52×52-bit multipliers of AVX-512 IFMA (VPMADD52LUQ/VPMADD52HUQ add the low/high
+// 52 bits of a product to an accumulator). The radix-2^44 IFMA idea is public: S. Gueron
+// and V. Krasnov's work and OpenSSL's poly1305-x86_64 avx512ifma path describe it; this
+// code is our own.
 //
 // Lane L of a chunk holds block π(L) of that chunk's eight, where π = (0 4 1 5 2 6 3 7)
-// is the order VPUNPCKLQDQ/VPUNPCKHQDQ leave the blocks in. Every chunk but the last
-// multiplies all lanes by r^8; the last multiplies lane L by r^(8−π(L)). The sum of the
-// lanes is then h·r^n' + Σ block_i·r^(n'−i) as Horner's rule would give it over the n'
-// blocks, with the incoming h added to lane 0 (block 0) of the first chunk.
+// is the order VPUNPCKLQDQ/VPUNPCKHQDQ leave the blocks in. Two accumulators take
+// alternate chunks and multiply by r^16 per pair; at the end the lanes are multiplied
+// by p, lane L holding r^(8−π(L)) (times r^t for all but the tail chunk, see the
+// kernel), and summed: Σ block_i·r^(n−i) over the n blocks, as Horner's rule gives.
 //
-// Bounds (limbs as 44/44/42-bit numbers, "≤" meaning a little above): after a
-// multiplication and its carry chain h0 < 2^44, h1 < 2^44+2^12, h2 < 2^42; after adding
-// a block (< 2^44, 2^44, 2^41) every limb is below 2^46, and the multiplier limbs (r^k
-// reduced the same way, or s = 20·r) are below 2^48.4; products stay below 2^95, so
-// every IFMA input is under 2^52 and every accumulator under 2^56. The incoming h from
-// Go is partly reduced (its top limb below 2^43), which keeps the same bounds.
+// Bounds (limbs as 44/44/42-bit numbers): after a multiplication and its carry chain
+// h0 < 2^44, h1 < 2^44+2^12, h2 < 2^42; a lane's input to a multiplication is at most
+// two such values plus a block (< 2^44, 2^44, 2^41) or a correction lane (below 2^44,
+// 2^44, 2^42), so every limb is below 2^46; multiplier limbs (r^k reduced the same way,
+// or s = 20·r) are below 2^48.4; products stay below 2^95, so every IFMA input is under
+// 2^52 and every accumulator under 2^56. The final lane sums are below 2^48.
 package main
 
 import (
