@@ -232,7 +232,7 @@ func measure(c sector.Codec, threads int, d time.Duration, decrypt bool) (float6
 }
 
 // benchWorker is one thread's buffers: plaintext (or sealed ciphertext and records, for
-// decrypt) and a destination with the Slack an in-place AEAD needs behind each sector.
+// decrypt), a destination, and the records.
 type benchWorker struct {
 	c        sector.Codec
 	decrypt  bool
@@ -248,71 +248,63 @@ func newBenchWorker(c sector.Codec, first uint64, decrypt bool) (*benchWorker, e
 	w := &benchWorker{
 		c: c, decrypt: decrypt, first: first, n: n, s: s,
 		src:  make([]byte, n*s),
-		dst:  make([]byte, n*(s+sector.Slack)),
-		meta: make([]byte, n*max(1, c.MetaSize())),
+		dst:  make([]byte, n*s),
+		meta: make([]byte, n*c.MetaSize()),
 	}
 	if _, err := rand.Read(w.src); err != nil {
 		return nil, fmt.Errorf("random plaintext: %w", err)
 	}
 	if decrypt {
 		// Seal once; every round opens the same ciphertext again.
-		for k := range n {
-			sec := w.src[k*s : (k+1)*s]
-			tmp := append(make([]byte, 0, s+sector.Slack), sec...)
-			c.Seal(first+uint64(k), tmp, w.rec(k))
-			copy(sec, tmp)
+		if err := w.seal(first, w.src, w.src); err != nil {
+			return nil, err
 		}
 	}
 	return w, nil
 }
 
-func (w *benchWorker) rec(k int) []byte {
-	m := w.c.MetaSize()
-	return w.meta[k*m : (k+1)*m]
+// seal and open take runs of sectors at once, as the device hands them to the codec:
+// that is where xchacha*-xts and xchacha20-poly1305 batch their per-sector subkeys.
+func (w *benchWorker) seal(first uint64, dst, src []byte) error {
+	switch c := w.c.(type) {
+	case sector.MetaRunner:
+		c.SealRunMeta(first, dst, src, w.meta)
+	case sector.Runner:
+		c.SealRun(first, dst, src)
+	default:
+		return fmt.Errorf("bench: %s codec seals no runs", w.c.Mode())
+	}
+	return nil
 }
 
-func (w *benchWorker) slot(k int) []byte {
-	stride := w.s + sector.Slack
-	return w.dst[k*stride : k*stride+w.s : (k+1)*stride]
+func (w *benchWorker) open(first uint64, dst, src []byte) error {
+	var err error
+	switch c := w.c.(type) {
+	case sector.MetaRunner:
+		err = c.OpenRunMeta(first, dst, src, w.meta)
+	case sector.Runner:
+		err = c.OpenRun(first, dst, src)
+	default:
+		return fmt.Errorf("bench: %s codec opens no runs", w.c.Mode())
+	}
+	if err != nil {
+		return fmt.Errorf("bench %s: sectors sealed here do not open: %w", w.c.Mode(), err)
+	}
+	return nil
 }
 
 // run works until stop is set and returns the bytes it processed.
 func (w *benchWorker) run(stop *atomic.Bool) (int64, error) {
-	st, hasTo := w.c.(interface {
-		SealTo(index uint64, dst, src, meta []byte)
-	})
-	// Length-preserving codecs take runs of sectors at once, as the device hands them
-	// (that is where xchacha*-xts batches its subkeys).
-	runner, hasRun := w.c.(sector.Runner)
 	var done int64
 	for round := uint64(0); !stop.Load(); round++ {
-		if hasRun {
-			run := w.dst[:w.n*w.s]
-			if w.decrypt {
-				if err := runner.OpenRun(w.first, run, w.src); err != nil {
-					return done, fmt.Errorf("bench %s: %w", w.c.Mode(), err)
-				}
-			} else {
-				runner.SealRun(w.first+round*uint64(w.n), run, w.src)
-			}
-			done += int64(w.n * w.s)
-			continue
+		var err error
+		if w.decrypt {
+			err = w.open(w.first, w.dst, w.src)
+		} else {
+			err = w.seal(w.first+round*uint64(w.n), w.dst, w.src)
 		}
-		for k := range w.n {
-			src := w.src[k*w.s : (k+1)*w.s]
-			dst := w.slot(k)
-			switch {
-			case w.decrypt:
-				copy(dst, src)
-				if err := w.c.Open(w.first+uint64(k), dst, w.rec(k)); err != nil {
-					return done, fmt.Errorf("bench %s: a sector sealed here does not open: %w", w.c.Mode(), err)
-				}
-			case hasTo:
-				st.SealTo(w.first+round*uint64(w.n)+uint64(k), dst, src, w.rec(k))
-			default:
-				copy(dst, src)
-				w.c.Seal(w.first+round*uint64(w.n)+uint64(k), dst, w.rec(k))
-			}
+		if err != nil {
+			return done, err
 		}
 		done += int64(w.n * w.s)
 	}
