@@ -181,20 +181,16 @@ func (c *aeadCodec) sealXCrypto(s *aeadScratch, index uint64, dst, src, meta []b
 	copy(meta[aeadNonceSize:], out[c.size:])
 }
 
-// openXCrypto opens one sector with x/crypto's AEAD and reports whether it was
-// authentic; dst is written only if it was.
+// openXCrypto opens one sector with x/crypto's AEAD, which wants the tag behind the
+// ciphertext: both go to scratch, and the plaintext straight into dst. It reports
+// whether the sector was authentic; x/crypto zeroes its output when it was not.
 func (c *aeadCodec) openXCrypto(s *aeadScratch, index uint64, dst, src, meta []byte) bool {
 	binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], index)
 	tmp := s.fallback(c.size)
 	copy(tmp, src)
 	copy(tmp[c.size:], meta[aeadNonceSize:])
-	pt, err := c.aead.Open(tmp[:0], meta[:aeadNonceSize], tmp, s.ad[:])
-	if err != nil {
-		return false
-	}
-	copy(dst, pt)
-	clear(pt)
-	return true
+	_, err := c.aead.Open(dst[:0], meta[:aeadNonceSize], tmp, s.ad[:])
+	return err == nil
 }
 
 // overlaps reports whether x and y share any byte.
