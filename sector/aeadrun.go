@@ -60,6 +60,10 @@ func (e *RunAuthError) Error() string {
 func (e *RunAuthError) Unwrap() error { return ErrAuth }
 
 // aeadChunk is how many sectors one XORKeyStreamXAEAD call takes: one pass of 16 lanes.
+// A chunk of one sector (a lone 4 KiB random write, a read-modify-write edge) goes to
+// x/crypto instead: its fused kernel gets block 0 almost free, where the lanes would
+// spend a whole pass on it (measured, one core: 512-byte seal 525 against 787 ns, 4 KiB
+// seal and open 3.25 against 3.73 µs).
 const aeadChunk = 16
 
 func (c *aeadCodec) checkMeta(dst, src, meta []byte) (int, error) {
@@ -92,7 +96,7 @@ func (c *aeadCodec) SealRunMeta(first uint64, dst, src, meta []byte) {
 			copy(meta[(i+j)*aeadMetaSize:], nonces[j*aeadNonceSize:(j+1)*aeadNonceSize])
 		}
 		d, p := dst[i*size:(i+k)*size], src[i*size:(i+k)*size]
-		if !c.fast {
+		if !c.fast || k == 1 {
 			for j := range k {
 				c.sealXCrypto(s, first+uint64(i+j), d[j*size:(j+1)*size], p[j*size:(j+1)*size], meta[(i+j)*aeadMetaSize:(i+j+1)*aeadMetaSize])
 			}
@@ -121,7 +125,7 @@ func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
 	for i := 0; i < n; i += aeadChunk {
 		k := min(aeadChunk, n-i)
 		d, p := dst[i*size:(i+k)*size], src[i*size:(i+k)*size]
-		if !c.fast {
+		if !c.fast || k == 1 {
 			for j := range k {
 				if !c.openXCrypto(s, first+uint64(i+j), d[j*size:(j+1)*size], p[j*size:(j+1)*size], meta[(i+j)*aeadMetaSize:(i+j+1)*aeadMetaSize]) {
 					clear(d[j*size : (j+1)*size])
