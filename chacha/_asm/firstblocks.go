@@ -23,10 +23,7 @@ func (g *gen) firstBlocks(name string) {
 		g.op("VMOVDQU32 %d(AX), %s", 64*i, r(i))
 	}
 	g.line("%s_round:", name)
-	rot := func(g *gen, x string, n, _ int) { g.op("VPROLD $%d, %s, %s", n, x, x) }
-	q := func(a, b, c, d int) quarter { return quarter{r(a), r(b), r(c), r(d)} }
-	g.rounds([]quarter{q(0, 4, 8, 12), q(1, 5, 9, 13), q(2, 6, 10, 14), q(3, 7, 11, 15)}, "VPADDD", "VPXORD", rot)
-	g.rounds([]quarter{q(0, 5, 10, 15), q(1, 6, 11, 12), q(2, 7, 8, 13), q(3, 4, 9, 14)}, "VPADDD", "VPXORD", rot)
+	g.doubleRoundEVEX(r)
 	g.op("DECQ DX")
 	g.op("JNZ %s_round", name)
 	for i := 0; i < 8; i++ {

@@ -39,10 +39,7 @@ func (g *gen) hchachaManyEVEX(name string, lanes int) {
 	}
 	g.op("MOVQ DX, R11")
 	g.line("%s_round:", name)
-	rot := func(g *gen, x string, n, _ int) { g.op("VPROLD $%d, %s, %s", n, x, x) }
-	q := func(a, b, c, d int) quarter { return quarter{r(a), r(b), r(c), r(d)} }
-	g.rounds([]quarter{q(0, 4, 8, 12), q(1, 5, 9, 13), q(2, 6, 10, 14), q(3, 7, 11, 15)}, "VPADDD", "VPXORD", rot)
-	g.rounds([]quarter{q(0, 5, 10, 15), q(1, 6, 11, 12), q(2, 7, 8, 13), q(3, 4, 9, 14)}, "VPADDD", "VPXORD", rot)
+	g.doubleRoundEVEX(r)
 	g.op("DECQ R11")
 	g.op("JNZ %s_round", name)
 	g.transpose4([4]string{r(0), r(1), r(2), r(3)}, tmp)
@@ -66,6 +63,16 @@ func (g *gen) hchachaManyEVEX(name string, lanes int) {
 		g.op("VMOVDQU32 Y17, %d(DI)", 64*k+32)
 	}
 	g.hchachaManyNext(name, lanes)
+}
+
+// doubleRoundEVEX emits one column round and one diagonal round over the word-sliced
+// state in registers r(0)..r(15), with AVX-512's VPROLD for the rotations: the body of
+// every kernel that keeps the whole state in registers, one block (or nonce) per lane.
+func (g *gen) doubleRoundEVEX(r func(int) string) {
+	rot := func(g *gen, x string, n, _ int) { g.op("VPROLD $%d, %s, %s", n, x, x) }
+	q := func(a, b, c, d int) quarter { return quarter{r(a), r(b), r(c), r(d)} }
+	g.rounds([]quarter{q(0, 4, 8, 12), q(1, 5, 9, 13), q(2, 6, 10, 14), q(3, 7, 11, 15)}, "VPADDD", "VPXORD", rot)
+	g.rounds([]quarter{q(0, 5, 10, 15), q(1, 6, 11, 12), q(2, 7, 8, 13), q(3, 4, 9, 14)}, "VPADDD", "VPXORD", rot)
 }
 
 // Stack of hchachaManyAVX2, relative to R9 (32-byte aligned): the four "c" words x8..x11
