@@ -401,8 +401,14 @@ func TestUnsafeModeWarnsOnAttach(t *testing.T) {
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	if r := e.OK("version"); !strings.HasPrefix(r.Stdout, "eli ") {
+	r := e.OK("version")
+	if !strings.HasPrefix(r.Stdout, "eli ") {
 		t.Fatalf("version: %v", r)
+	}
+	for _, want := range []string{"xchacha20-poly1305: ", "aes-xts: ", "chacha20-xts: "} {
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("version does not say which code runs %q:\n%s", want, r.Stdout)
+		}
 	}
 }
 
