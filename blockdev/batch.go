@@ -4,16 +4,13 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
-
-	"github.com/elidisk/eli/sector"
 )
 
-// slab holds the ciphertext of consecutive sectors sealed by one write, with sector.Slack
-// spare bytes at the end. It is shared by the batch entries that point into it and by
+// slab holds the ciphertext of consecutive sectors sealed by one write. It is shared by the batch entries that point into it and by
 // readers copying from it; it goes back to its pool when the last reference is dropped.
 // Its bytes never change while referenced.
 type slab struct {
-	buf   []byte // class·S + Slack
+	buf   []byte // class·S
 	class int    // log2 of the sector capacity
 	refs  atomic.Int32
 }
@@ -49,7 +46,7 @@ func (p *slabPool) get(n int) *slab {
 		return s
 	}
 	p.mu.Unlock()
-	s := &slab{buf: make([]byte, (1<<class)*p.sectorSize+sector.Slack), class: class}
+	s := &slab{buf: make([]byte, (1<<class)*p.sectorSize), class: class}
 	s.refs.Store(1)
 	return s
 }

@@ -102,7 +102,7 @@ type Device struct {
 	ioPiece      int // sectors per parallel read or write of the provider
 	workers      *workers
 	locks        stripes
-	bufs         sync.Pool // *[]byte of pieceSectors·S + Slack, for scratch
+	bufs         sync.Pool // *[]byte of pieceSectors·S, for scratch
 	recPool      sync.Pool // *[]record
 	authLog      authLog
 
@@ -180,7 +180,7 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	d.chunkSectors = max(1, (64<<10)/d.s)
 	d.ioPiece = max(1, (256<<10)/d.s)
 	d.bufs.New = func() any {
-		b := make([]byte, d.pieceSectors*d.s+sector.Slack)
+		b := make([]byte, d.pieceSectors*d.s)
 		return &b
 	}
 	d.recPool.New = func() any {
@@ -239,9 +239,9 @@ func (d *Device) openAuthenticated(cfg Config) error {
 	if d.interval <= 0 {
 		d.interval = DefaultCommitInterval
 	}
-	// Idle slabs kept for reuse: a whole batch's worth, with their Slack and a spare
-	// piece, so a steady write load recycles every slab and makes no garbage.
-	piece := int64(d.pieceSectors*d.s + sector.Slack)
+	// Idle slabs kept for reuse: a whole batch's worth and a spare piece, so a steady
+	// write load recycles every slab and makes no garbage.
+	piece := int64(d.pieceSectors * d.s)
 	d.slabs = newSlabPool(d.s, d.pieceSectors, d.maxBatch/int64(d.pieceSectors*d.s)*piece+2*piece)
 	d.epoch = time.Now()
 	d.cond.L = &d.mu

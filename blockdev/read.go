@@ -288,12 +288,10 @@ func (d *Device) openRuns(mr sector.MetaRunner, dst []byte, first uint64, src []
 	return firstErr
 }
 
-// openSources turns sectors [lo, hi) of dst into plaintext. Like sealInSlab it opens in
-// place, borrowing the next sector's first bytes as the tag's room, except for the last
-// sector of the chunk.
+// openSources turns sectors [lo, hi) of dst into plaintext in place, one Open per sector:
+// the path of an authenticated codec without sector.MetaRunner.
 func (d *Device) openSources(dst []byte, first uint64, src []source, lo, hi int) error {
 	s := d.s
-	var save [sector.Slack]byte
 	var firstErr error
 	for k := lo; k < hi; k++ {
 		sec := dst[k*s : (k+1)*s]
@@ -306,15 +304,7 @@ func (d *Device) openSources(dst []byte, first uint64, src []source, lo, hi int)
 		if sc.kind == srcBatch {
 			copy(sec, sc.slab.buf[sc.off:int(sc.off)+s])
 		}
-		var err error
-		if k < hi-1 {
-			copy(save[:], dst[(k+1)*s:])
-			err = d.codec.Open(first+uint64(k), dst[k*s:(k+1)*s:(k+1)*s+sector.Slack], sc.rec[:])
-			copy(dst[(k+1)*s:], save[:])
-		} else {
-			err = d.codec.Open(first+uint64(k), sec[:s:s], sc.rec[:])
-		}
-		if err != nil {
+		if err := d.codec.Open(first+uint64(k), sec, sc.rec[:]); err != nil {
 			clear(sec)
 			i := first + uint64(k)
 			if errors.Is(err, sector.ErrAuth) {

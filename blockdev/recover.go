@@ -35,7 +35,7 @@ func (d *Device) recover() error {
 	if d.ro {
 		d.overrides = make(map[uint64]record)
 	}
-	buf := make([]byte, d.s+sector.Slack)
+	buf := make([]byte, d.s)
 	var blocks []*mblock
 	defer func() {
 		for _, b := range blocks {

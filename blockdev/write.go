@@ -13,27 +13,13 @@ import (
 // batch, replacing older entries of the same sectors. Nothing reaches the provider until
 // the batch is committed (commit.go).
 
-// sealInSlab seals sectors [lo, hi) of slab sl, which hold plaintext of sectors first+lo…
-// into ciphertext, and their records into recs. Only the slab's last sector has real
-// Slack behind it; the others borrow the first Slack bytes of the next sector, saved and
-// restored around the call, so sealing stays in place without a copy. The last sector of
-// a chunk cannot borrow (the next chunk may be sealing concurrently) and takes the codec's
-// copying path instead.
-func (d *Device) sealInSlab(buf []byte, first uint64, lo, hi, total int, recs []record) {
+// sealInSlab seals sectors [lo, hi) of slab buf, which hold plaintext of sectors
+// first+lo…, in place, and their records into recs: the path of an authenticated codec
+// without sector.MetaRunner, one Seal per sector.
+func (d *Device) sealInSlab(buf []byte, first uint64, lo, hi int, recs []record) {
 	s := d.s
-	var save [sector.Slack]byte
 	for k := lo; k < hi; k++ {
-		sec := buf[k*s : (k+1)*s]
-		switch {
-		case k == total-1:
-			d.codec.Seal(first+uint64(k), sec, recs[k][:])
-		case k < hi-1:
-			copy(save[:], buf[(k+1)*s:])
-			d.codec.Seal(first+uint64(k), buf[k*s:(k+1)*s:(k+1)*s+sector.Slack], recs[k][:])
-			copy(buf[(k+1)*s:], save[:])
-		default:
-			d.codec.Seal(first+uint64(k), sec[:s:s], recs[k][:])
-		}
+		d.codec.Seal(first+uint64(k), buf[k*s:(k+1)*s], recs[k][:])
 	}
 }
 
@@ -55,7 +41,7 @@ func recordBytes(recs []record) []byte {
 // number of the batch that holds them.
 func (d *Device) writeWhole(p []byte, first uint64, n int) (uint64, error) {
 	sl := d.slabs.get(n)
-	cost := int64(len(sl.buf) - sector.Slack)
+	cost := int64(len(sl.buf))
 	if err := d.reserve(cost); err != nil {
 		d.slabs.release(sl)
 		return 0, err
@@ -71,7 +57,7 @@ func (d *Device) writeWhole(p []byte, first uint64, n int) (uint64, error) {
 	} else {
 		copy(sl.buf, p)
 		d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-			d.sealInSlab(sl.buf, first, lo, hi, n, recs)
+			d.sealInSlab(sl.buf, first, lo, hi, recs)
 			return nil
 		})
 	}

@@ -40,14 +40,32 @@ func newTestAEAD(t testing.TB, size int, vol [16]byte) Codec {
 	return c
 }
 
-// slackBuf returns a copy of p with Slack spare capacity, or none when tight.
+// spareGuard is the spare capacity slackBuf leaves behind a buffer: room x/crypto's AEAD
+// would put a tag in, which the codec must leave alone (checkSpare).
+const spareGuard = 16
+
+// slackBuf returns a copy of p with spareGuard bytes of spare capacity holding a
+// pattern, or none when tight.
 func slackBuf(p []byte, tight bool) []byte {
 	if tight {
 		return append([]byte(nil), p...)[:len(p):len(p)]
 	}
-	b := make([]byte, len(p), len(p)+Slack)
+	b := make([]byte, len(p), len(p)+spareGuard)
 	copy(b, p)
+	for i := range spareGuard {
+		b[:cap(b)][len(p)+i] = 0xa5
+	}
 	return b
+}
+
+// checkSpare fails if anything wrote past len(b) into slackBuf's spare capacity.
+func checkSpare(t testing.TB, b []byte) {
+	t.Helper()
+	for _, v := range b[len(b):cap(b)] {
+		if v != 0xa5 {
+			t.Fatal("the codec wrote past the end of the sector buffer")
+		}
+	}
 }
 
 func randBytes(n int) []byte {
@@ -70,6 +88,7 @@ func TestAEADSealMatchesXChaCha(t *testing.T) {
 				buf := slackBuf(plain, tight)
 				meta := make([]byte, 40)
 				c.Seal(index, buf, meta)
+				checkSpare(t, buf)
 				if bytes.Equal(buf, plain) {
 					t.Fatalf("size %d index %d: Seal left the plaintext in place", size, index)
 				}
@@ -92,6 +111,7 @@ func TestAEADSealMatchesXChaCha(t *testing.T) {
 				if err := c.Open(index, buf, meta); err != nil {
 					t.Fatalf("size %d index %d tight %v: codec Open of reference output: %v", size, index, tight, err)
 				}
+				checkSpare(t, buf)
 				if !bytes.Equal(buf, want) {
 					t.Fatalf("size %d index %d: codec Open returned other plaintext", size, index)
 				}
@@ -173,7 +193,7 @@ func TestAEADBindsEveryField(t *testing.T) {
 }
 
 // SealTo gives what Seal gives, leaves its source alone, and works with and without
-// Slack in the destination.
+// spare capacity in the destination.
 func TestAEADSealTo(t *testing.T) {
 	t.Parallel()
 	ref, _ := chacha20poly1305.NewX(testKey)
@@ -307,7 +327,7 @@ func TestAEADRejectsBadKey(t *testing.T) {
 
 func benchCodec(b *testing.B, size int, open bool) {
 	c := newTestAEAD(b, size, testVol)
-	buf := make([]byte, size, size+Slack)
+	buf := make([]byte, size)
 	meta := make([]byte, 40)
 	c.Seal(0, buf, meta)
 	b.SetBytes(int64(size))

@@ -20,12 +20,6 @@ import (
 	"syscall"
 )
 
-// Slack is the spare capacity past the end of a sector buffer that lets an authenticated
-// codec seal and open in place (the AEAD appends its tag there). Buffers passed to Seal and
-// Open should have cap(buf) >= len(buf)+Slack; with less, the codec copies through a
-// scratch buffer, which is correct but slower.
-const Slack = 16
-
 // Limits on the sector size, in bytes. Every power of two between them is valid.
 const (
 	MinSectorSize = 512

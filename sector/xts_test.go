@@ -312,7 +312,7 @@ func TestSealTo(t *testing.T) {
 		orig := bytes.Clone(src)
 		want := bytes.Clone(src)
 		c.Seal(77, want, nil)
-		dst := make([]byte, 4096, 4096+Slack)
+		dst := make([]byte, 4096)
 		st.SealTo(77, dst, src, nil)
 		if !bytes.Equal(dst, want) || !bytes.Equal(src, orig) {
 			t.Errorf("%s: SealTo differs from Seal (%v) or changed its source (%v)", m, !bytes.Equal(dst, want), !bytes.Equal(src, orig))
