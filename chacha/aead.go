@@ -1,39 +1,60 @@
 package chacha
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"fmt"
+)
 
-// XORKeyStreamXAEAD is the keystream half of XChaCha20-Poly1305
-// (draft-irtf-cfrg-xchacha-03 §2.3 over RFC 8439 §2.8) for n = len(nonces)/24 messages
-// of len(src)/n bytes each, as disk sectors are: for message i with nonce
-// nonces[24i:24i+24] and subkey HChaCha20(key, nonce[0:16]), it writes the first 32
-// bytes of ChaCha20 block 0, the message's one-time Poly1305 key (RFC 8439 §2.6), to
-// polyKeys[32i:32i+32], and XORs the message into dst with the keystream from block 1.
-// The Poly1305 half is the caller's. Subkeys come 16 (or 8) at a time from
-// HChaChaMany's kernels and the sixteen blocks 0 from one more pass of lanes, so the
+// XChaCha20-Poly1305 (draft-irtf-cfrg-xchacha-03 §2.3 over RFC 8439 §2.8) for runs of
+// disk sectors, split in the two steps an AEAD needs in either order: XAEADKeys derives
+// each message's subkey and one-time Poly1305 key, XORKeyStreamSubkeys encrypts (or
+// decrypts) with those subkeys. Sealing calls one after the other; opening checks the
+// tags in between, so nothing is decrypted before it is authenticated, and nothing is
+// derived twice. The Poly1305 half is the caller's.
+
+// SubkeySize is the length of one XChaCha subkey, PolyKeySize of one Poly1305 one-time key.
+const (
+	SubkeySize  = 32
+	PolyKeySize = 32
+)
+
+// XAEADKeys derives, for each of the n = len(nonces)/24 XChaCha20-Poly1305 nonces, the
+// subkey HChaCha20(key, nonce[0:16]) into subkeys[32i:32i+32] and the first 32 bytes of
+// ChaCha20 block 0 under that subkey and nonce 0⁴ ‖ nonce[16:24], the message's one-time
+// Poly1305 key (RFC 8439 §2.6), into polyKeys[32i:32i+32]. Subkeys come 16 (or 8) at a
+// time from HChaChaMany's kernels and the blocks 0 from one more pass of lanes, so the
 // AEAD's extra block costs a message about 1/16 of a block instead of one. It allocates
-// nothing and wipes the subkeys and blocks it made. It panics where XORKeyStreamXMany
-// does, and if len(polyKeys) is not 32·n or polyKeys overlaps dst.
-func XORKeyStreamXAEAD(key *[KeySize]byte, nonces, polyKeys, dst, src []byte) {
-	xorAEAD(defaultEngine, key, nonces, polyKeys, dst, src)
+// nothing. It panics if len(nonces) is not a multiple of 24, if subkeys or polyKeys is
+// not 32·n bytes, or if any two of the three overlap.
+func XAEADKeys(key *[KeySize]byte, nonces, subkeys, polyKeys []byte) {
+	xaeadKeys(defaultEngine, key, nonces, subkeys, polyKeys)
 }
 
-// polyKeySize is the length of a Poly1305 one-time key.
-const polyKeySize = 32
+// XORKeyStreamSubkeys XORs src into dst as n = len(nonces)/24 consecutive messages of
+// len(src)/n bytes, message i with ChaCha20 under subkeys[32i:32i+32] and nonce
+// 0⁴ ‖ nonces[24i+16:24i+24] from block 1: XChaCha20-Poly1305's encryption, with the
+// subkeys XAEADKeys made. It allocates nothing. It panics where XORKeyStreamXMany does,
+// and if subkeys is not 32·n bytes or overlaps dst.
+func XORKeyStreamSubkeys(subkeys, nonces, dst, src []byte) {
+	xorSubkeys(defaultEngine, subkeys, nonces, dst, src)
+}
 
-func xorAEAD(e engine, key *[KeySize]byte, nonces, polyKeys, dst, src []byte) {
-	const rounds = 20
-	m := checkMany(rounds, NonceSizeX, nonces, dst, src)
+const aeadRounds = 20
+
+func xaeadKeys(e engine, key *[KeySize]byte, nonces, subkeys, polyKeys []byte) {
+	if len(nonces)%NonceSizeX != 0 {
+		panic(fmt.Sprintf("chacha: given %d bytes of nonces, not a multiple of %d", len(nonces), NonceSizeX))
+	}
 	n := len(nonces) / NonceSizeX
-	if len(polyKeys) != n*polyKeySize {
-		panic("chacha: XORKeyStreamXAEAD needs 32 bytes of Poly1305 key room per message")
+	if len(subkeys) != n*SubkeySize || len(polyKeys) != n*PolyKeySize {
+		panic("chacha: XAEADKeys needs 32 bytes of subkey and 32 of Poly1305 key room per nonce")
 	}
-	if overlap(polyKeys, dst[:len(src)]) || overlap(polyKeys, nonces) {
-		panic("chacha: Poly1305 keys overlap the output or the nonces")
+	if overlap(subkeys, nonces) || overlap(polyKeys, nonces) || overlap(subkeys, polyKeys) {
+		panic("chacha: XAEADKeys given overlapping nonces, subkeys or Poly1305 keys")
 	}
-	var st, ms [16]uint32
+	var st [16]uint32
 	initState(&st, key)
 	var hn [manyChunk * HNonceSize]byte
-	var sub [manyChunk * hSubkeySize]byte
 	var in [16][16]uint32
 	var out [8][16]uint32
 	for i := 0; i < n; i += manyChunk {
@@ -41,35 +62,47 @@ func xorAEAD(e engine, key *[KeySize]byte, nonces, polyKeys, dst, src []byte) {
 		for j := range c {
 			*(*[HNonceSize]byte)(hn[j*HNonceSize:]) = *(*[HNonceSize]byte)(nonces[(i+j)*NonceSizeX:])
 		}
-		hchachaManyEngine(e, &st, rounds, hn[:c*HNonceSize], sub[:c*hSubkeySize])
+		sub := subkeys[i*SubkeySize : (i+c)*SubkeySize]
+		hchachaManyEngine(e, &st, aeadRounds, hn[:c*HNonceSize], sub)
 		// Lane j: the XChaCha state of message i+j at counter 0. Lanes past c keep
 		// whatever they held; their blocks are not used.
 		for j := range c {
-			xs := xStateOf(sub[j*hSubkeySize:], nonces[(i+j)*NonceSizeX+16:])
+			xs := xStateOf(sub[j*SubkeySize:], nonces[(i+j)*NonceSizeX+16:])
 			for w := range xs {
 				in[w][j] = xs[w]
 			}
 		}
-		firstBlocks(e, &in, &out, c, rounds)
+		firstBlocks(e, &in, &out, c, aeadRounds)
 		for j := range c {
-			pk := polyKeys[(i+j)*polyKeySize:]
+			pk := polyKeys[(i+j)*PolyKeySize:]
 			for w := range 8 {
 				binary.LittleEndian.PutUint32(pk[4*w:], out[w][j])
 			}
-			if m == 0 {
-				continue
-			}
-			ms = xStateOf(sub[j*hSubkeySize:], nonces[(i+j)*NonceSizeX+16:])
-			ms[12] = 1
-			at := (i + j) * m
-			xorKeyStream(e, &ms, rounds, false, dst[at:at+m], src[at:at+m])
 		}
 	}
-	clear(sub[:])
-	clear(ms[:])
 	clear(st[4:12])
 	in = [16][16]uint32{}
 	out = [8][16]uint32{}
+}
+
+func xorSubkeys(e engine, subkeys, nonces, dst, src []byte) {
+	m := checkMany(aeadRounds, NonceSizeX, nonces, dst, src)
+	n := len(nonces) / NonceSizeX
+	if len(subkeys) != n*SubkeySize {
+		panic("chacha: XORKeyStreamSubkeys needs 32 bytes of subkey per nonce")
+	}
+	if overlap(subkeys, dst[:len(src)]) {
+		panic("chacha: subkeys overlap the output")
+	}
+	if m == 0 {
+		return
+	}
+	for i := range n {
+		ms := xStateOf(subkeys[i*SubkeySize:], nonces[i*NonceSizeX+16:])
+		ms[12] = 1
+		xorKeyStream(e, &ms, aeadRounds, false, dst[i*m:(i+1)*m], src[i*m:(i+1)*m])
+		clear(ms[:])
+	}
 }
 
 // xStateOf is the XChaCha state (draft-irtf-cfrg-xchacha-03 §2.3) for subkey sub and

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/elidisk/eli/chacha"
 	"github.com/elidisk/eli/internal/wipe"
 	"github.com/elidisk/eli/poly1305"
 	"golang.org/x/crypto/chacha20poly1305"
@@ -39,15 +40,16 @@ type aeadCodec struct {
 }
 
 // polyKeySize is the length of a sector's one-time Poly1305 key.
-const polyKeySize = 32
+const polyKeySize = chacha.PolyKeySize
 
-// aeadScratch is per-call memory taken from a pool: the additional data, the nonces and
-// Poly1305 keys of one chunk of a run, and a sector-and-tag buffer for x/crypto's AEAD,
+// aeadScratch is per-call memory taken from a pool: the additional data, the nonces,
+// subkeys and Poly1305 keys of one chunk of a run, and a sector-and-tag buffer for x/crypto's AEAD,
 // which appends its tag. Keeping them here rather than on the stack keeps Seal and Open
 // free of allocations (anything handed to an interface or assembly escapes).
 type aeadScratch struct {
 	ad       [adSize]byte
 	nonces   [aeadChunk * aeadNonceSize]byte
+	subkeys  [aeadChunk * chacha.SubkeySize]byte
 	polyKeys [aeadChunk * polyKeySize]byte
 	ok       [aeadChunk]bool
 	buf      []byte // size + tag, for x/crypto
@@ -75,6 +77,12 @@ func newAEAD(p Params) (Codec, error) {
 func (c *aeadCodec) Mode() Mode      { return ModeXChaCha20Poly1305 }
 func (c *aeadCodec) SectorSize() int { return c.size }
 func (c *aeadCodec) MetaSize() int   { return aeadMetaSize }
+
+// clearKeys wipes the key material a run left in the scratch.
+func (s *aeadScratch) clearKeys() {
+	clear(s.subkeys[:])
+	clear(s.polyKeys[:])
+}
 
 // fallback returns the scratch buffer x/crypto's AEAD seals into and opens from.
 func (s *aeadScratch) fallback(size int) []byte {

@@ -17,9 +17,9 @@ import (
 // blockdev/ calls it for the runs of sectors of each request.
 //
 // With a vector Poly1305 on the machine (poly1305.Accelerated), xchacha20-poly1305 runs
-// as our own composition: chacha.XORKeyStreamXAEAD computes 16 sectors' subkeys and
-// Poly1305 keys in vector lanes and the keystream with the AVX-512 kernel, and
-// poly1305.SumAEAD tags each sector, with the tag kept apart from the ciphertext, which
+// as our own composition: chacha.XAEADKeys computes 16 sectors' subkeys and Poly1305
+// keys in vector lanes, chacha.XORKeyStreamSubkeys the keystream with the AVX-512
+// kernel, and poly1305.SumAEAD tags each sector, with the tag kept apart from the ciphertext, which
 // x/crypto's AEAD cannot do (it appends the tag, so every sector would need room behind
 // it or a copy). The bytes are those of x/crypto's NewX, which the tests check
 // (aeadrun_test.go); without the vector Poly1305 the codec calls x/crypto itself.
@@ -59,7 +59,7 @@ func (e *RunAuthError) Error() string {
 
 func (e *RunAuthError) Unwrap() error { return ErrAuth }
 
-// aeadChunk is how many sectors one XORKeyStreamXAEAD call takes: one pass of 16 lanes.
+// aeadChunk is how many sectors one XAEADKeys call takes: one pass of 16 lanes.
 // A chunk of one sector (a lone 4 KiB random write, a read-modify-write edge) goes to
 // x/crypto instead: its fused kernel gets block 0 almost free, where the lanes would
 // spend a whole pass on it (measured, one core: 512-byte seal 525 against 787 ns, 4 KiB
@@ -102,15 +102,16 @@ func (c *aeadCodec) SealRunMeta(first uint64, dst, src, meta []byte) {
 			}
 			continue
 		}
-		keys := s.polyKeys[:k*polyKeySize]
-		chacha.XORKeyStreamXAEAD(c.key, nonces, keys, d, p)
+		subkeys, keys := s.subkeys[:k*chacha.SubkeySize], s.polyKeys[:k*polyKeySize]
+		chacha.XAEADKeys(c.key, nonces, subkeys, keys)
+		chacha.XORKeyStreamSubkeys(subkeys, nonces, d, p)
 		for j := range k {
 			binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], first+uint64(i+j))
 			tag := (*[aeadTagSize]byte)(meta[(i+j)*aeadMetaSize+aeadNonceSize:])
 			poly1305.SumAEAD(tag, (*[polyKeySize]byte)(keys[j*polyKeySize:]), s.ad[:], d[j*size:(j+1)*size])
 		}
 	}
-	clear(s.polyKeys[:])
+	s.clearKeys()
 }
 
 func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
@@ -140,8 +141,8 @@ func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
 		}
 		// The tags first, over the ciphertext: only then is anything decrypted, and in
 		// place the ciphertext is gone afterwards.
-		keys := s.polyKeys[:k*polyKeySize]
-		chacha.XORKeyStreamXAEAD(c.key, nonces, keys, nil, nil)
+		subkeys, keys := s.subkeys[:k*chacha.SubkeySize], s.polyKeys[:k*polyKeySize]
+		chacha.XAEADKeys(c.key, nonces, subkeys, keys)
 		failed := 0
 		for j := range k {
 			binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], first+uint64(i+j))
@@ -154,9 +155,7 @@ func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
 			}
 		}
 		if failed == 0 {
-			// XORKeyStreamXAEAD derives the keys again on the way: a 16th of a block per
-			// sector, less than keeping the subkeys around would cost in code.
-			chacha.XORKeyStreamXAEAD(c.key, nonces, keys, d, p)
+			chacha.XORKeyStreamSubkeys(subkeys, nonces, d, p)
 			continue
 		}
 		for j := range k {
@@ -166,10 +165,10 @@ func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
 				bad = append(bad, first+uint64(i+j))
 				continue
 			}
-			chacha.XORKeyStreamXAEAD(c.key, nonces[j*aeadNonceSize:(j+1)*aeadNonceSize], keys[:polyKeySize], sd, p[j*size:(j+1)*size])
+			chacha.XORKeyStreamSubkeys(subkeys[j*chacha.SubkeySize:(j+1)*chacha.SubkeySize], nonces[j*aeadNonceSize:(j+1)*aeadNonceSize], sd, p[j*size:(j+1)*size])
 		}
 	}
-	clear(s.polyKeys[:])
+	s.clearKeys()
 	if bad != nil {
 		return &RunAuthError{Sectors: bad}
 	}
