@@ -13,23 +13,6 @@ import (
 	"github.com/elidisk/eli/internal/cputime"
 )
 
-// cpuLoop runs f for b.N ops and reports, beside wall time, CPU time per op and the
-// throughput it gives: on a shared machine wall time includes time spent descheduled,
-// and `openssl speed` divides by CPU time too (unless -elapsed).
-func cpuLoop(b *testing.B, size int, f func()) {
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	start := cputime.Process()
-	for b.Loop() {
-		f()
-	}
-	if cpu := cputime.Process() - start; cpu > 0 {
-		ns := float64(cpu.Nanoseconds()) / float64(b.N)
-		b.ReportMetric(ns, "cpu-ns/op")
-		b.ReportMetric(float64(size)/ns*1e3, "cpu-MB/s")
-	}
-}
-
 var keyNames = map[int]string{32: "AES-128-XTS", 64: "AES-256-XTS"}
 
 // BenchmarkEngines encrypts and decrypts one data unit per op, each at a new index (a
@@ -49,7 +32,7 @@ func BenchmarkEngines(b *testing.B) {
 						}
 						buf := make([]byte, size)
 						index := uint64(0)
-						cpuLoop(b, size, func() {
+						cputime.Loop(b, size, func() {
 							op(buf, buf, index)
 							index++
 						})
@@ -72,7 +55,7 @@ func BenchmarkSectors(b *testing.B) {
 					c := mustCipher(b, make([]byte, keySize), e)
 					buf := make([]byte, run)
 					first := uint64(0)
-					cpuLoop(b, run, func() {
+					cputime.Loop(b, run, func() {
 						c.EncryptSectors(buf, buf, size, first)
 						first += run / uint64(size)
 					})

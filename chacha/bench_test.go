@@ -10,22 +10,6 @@ import (
 
 var benchSizes = []int{512, 4096, 65536}
 
-// cpuLoop runs f for b.N ops and reports, beside wall time, CPU time per op and the
-// throughput it gives: on a shared machine wall time includes time spent descheduled,
-// and `openssl speed` divides by CPU time too (unless -elapsed).
-func cpuLoop(b *testing.B, size int, f func()) {
-	b.SetBytes(int64(size))
-	start := cputime.Process()
-	for b.Loop() {
-		f()
-	}
-	if cpu := cputime.Process() - start; cpu > 0 {
-		ns := float64(cpu.Nanoseconds()) / float64(b.N)
-		b.ReportMetric(ns, "cpu-ns/op")
-		b.ReportMetric(float64(size)/ns*1e3, "cpu-MB/s")
-	}
-}
-
 // BenchmarkKeystream measures one message per op with a fresh (key, nonce) setup, as a
 // sector codec does: the one-shot entry points here, NewUnauthenticatedCipher plus
 // XORKeyStream for golang.org/x/crypto/chacha20. XChaCha includes its HChaCha.
@@ -66,7 +50,7 @@ func BenchmarkKeystream(b *testing.B) {
 			b.Run(im.name+"/"+strconv.Itoa(size), func(b *testing.B) {
 				buf := make([]byte, size)
 				b.ReportAllocs()
-				cpuLoop(b, size, func() { im.f(buf) })
+				cputime.Loop(b, size, func() { im.f(buf) })
 			})
 		}
 	}
@@ -81,7 +65,7 @@ func BenchmarkEngine(b *testing.B) {
 		for _, e := range engines() {
 			b.Run(e.String()+"/"+strconv.Itoa(size), func(b *testing.B) {
 				buf := make([]byte, size)
-				cpuLoop(b, size, func() { xorKeyStream(e, &st, 20, false, buf, buf) })
+				cputime.Loop(b, size, func() { xorKeyStream(e, &st, 20, false, buf, buf) })
 			})
 		}
 	}
@@ -94,11 +78,11 @@ func BenchmarkStream(b *testing.B) {
 	b.Run("ChaCha20", func(b *testing.B) {
 		c, _ := New(20, key, nonce)
 		buf := make([]byte, 4096)
-		cpuLoop(b, len(buf), func() { c.XORKeyStream(buf, buf) })
+		cputime.Loop(b, len(buf), func() { c.XORKeyStream(buf, buf) })
 	})
 	b.Run("xcrypto-ChaCha20", func(b *testing.B) {
 		c, _ := chacha20.NewUnauthenticatedCipher(key, nonce)
 		buf := make([]byte, 4096)
-		cpuLoop(b, len(buf), func() { c.XORKeyStream(buf, buf) })
+		cputime.Loop(b, len(buf), func() { c.XORKeyStream(buf, buf) })
 	})
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"strconv"
 	"testing"
+
+	"github.com/elidisk/eli/internal/cputime"
 )
 
 // BenchmarkSectors encrypts a run of 256 consecutive disk sectors per op, one nonce per
@@ -29,7 +31,7 @@ func BenchmarkSectors(b *testing.B) {
 				nonces := make([]byte, run*NonceSize)
 				first := uint64(0)
 				b.ReportAllocs()
-				cpuLoop(b, len(buf), func() {
+				cputime.Loop(b, len(buf), func() {
 					for i := range run {
 						binary.LittleEndian.PutUint64(nonces[i*NonceSize:], first+uint64(i))
 					}
@@ -39,7 +41,7 @@ func BenchmarkSectors(b *testing.B) {
 			})
 			b.Run("ChaCha"+rs+"-each/"+sz, func(b *testing.B) {
 				first := uint64(0)
-				cpuLoop(b, len(buf), func() {
+				cputime.Loop(b, len(buf), func() {
 					var nonce [NonceSize]byte
 					for i := range run {
 						binary.LittleEndian.PutUint64(nonce[:], first+uint64(i))
@@ -52,7 +54,7 @@ func BenchmarkSectors(b *testing.B) {
 				nonces := make([]byte, run*NonceSizeX)
 				first := uint64(0)
 				b.ReportAllocs()
-				cpuLoop(b, len(buf), func() {
+				cputime.Loop(b, len(buf), func() {
 					for i := range run {
 						binary.LittleEndian.PutUint64(nonces[i*NonceSizeX:], first+uint64(i))
 					}
@@ -62,7 +64,7 @@ func BenchmarkSectors(b *testing.B) {
 			})
 			b.Run("XChaCha"+rs+"-each/"+sz, func(b *testing.B) {
 				first := uint64(0)
-				cpuLoop(b, len(buf), func() {
+				cputime.Loop(b, len(buf), func() {
 					var nonce [NonceSizeX]byte
 					for i := range run {
 						binary.LittleEndian.PutUint64(nonce[:], first+uint64(i))
@@ -87,7 +89,7 @@ func BenchmarkHChaChaMany(b *testing.B) {
 		out := make([]byte, n*hSubkeySize)
 		ns := strconv.Itoa(n)
 		b.Run("one/"+ns, func(b *testing.B) {
-			cpuLoop(b, 0, func() {
+			cputime.Loop(b, 0, func() {
 				for i := 0; i < n; i++ {
 					hchachaOneRef(&st, nonces[i*HNonceSize:], out[i*hSubkeySize:])
 				}
@@ -95,7 +97,7 @@ func BenchmarkHChaChaMany(b *testing.B) {
 		})
 		for _, e := range engines() {
 			b.Run(e.String()+"/"+ns, func(b *testing.B) {
-				cpuLoop(b, 0, func() { hchachaManyEngine(e, &st, 20, nonces, out) })
+				cputime.Loop(b, 0, func() { hchachaManyEngine(e, &st, 20, nonces, out) })
 			})
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/elidisk/eli/aesxts"
+	"github.com/elidisk/eli/internal/cputime"
 	"golang.org/x/crypto/xts"
 )
 
@@ -32,22 +33,22 @@ func BenchmarkAESXTS(b *testing.B) {
 			b.Run(name("seal-"+impl), func(b *testing.B) {
 				buf := make([]byte, size)
 				index := uint64(0)
-				runCPULoop(b, size, func() { c.Seal(index, buf, nil); index++ })
+				cputime.Loop(b, size, func() { c.Seal(index, buf, nil); index++ })
 			})
 			b.Run(name("xcrypto-seal"), func(b *testing.B) {
 				buf := make([]byte, size)
 				index := uint64(0)
-				runCPULoop(b, size, func() { ref.Encrypt(buf, buf, index); index++ })
+				cputime.Loop(b, size, func() { ref.Encrypt(buf, buf, index); index++ })
 			})
 			b.Run(name("run-"+impl), func(b *testing.B) {
 				buf := make([]byte, runBytes)
 				first := uint64(0)
-				runCPULoop(b, runBytes, func() { c.(Runner).SealRun(first, buf, buf); first += uint64(n) })
+				cputime.Loop(b, runBytes, func() { c.(Runner).SealRun(first, buf, buf); first += uint64(n) })
 			})
 			b.Run(name("xcrypto-run"), func(b *testing.B) {
 				buf := make([]byte, runBytes)
 				first := uint64(0)
-				runCPULoop(b, runBytes, func() {
+				cputime.Loop(b, runBytes, func() {
 					for k := range n {
 						ref.Encrypt(buf[k*size:(k+1)*size], buf[k*size:(k+1)*size], first+uint64(k))
 					}

@@ -24,7 +24,7 @@ func BenchmarkSealRun(b *testing.B) {
 				buf := make([]byte, runBytes)
 				run := c.(Runner)
 				first := uint64(0)
-				runCPULoop(b, runBytes, func() {
+				cputime.Loop(b, runBytes, func() {
 					run.SealRun(first, buf, buf)
 					first += uint64(n)
 				})
@@ -35,7 +35,7 @@ func BenchmarkSealRun(b *testing.B) {
 			b.Run(m.String()+"-each/"+strconv.Itoa(size), func(b *testing.B) {
 				buf := make([]byte, runBytes)
 				first := uint64(0)
-				runCPULoop(b, runBytes, func() {
+				cputime.Loop(b, runBytes, func() {
 					for k := range n {
 						c.Seal(first+uint64(k), buf[k*size:(k+1)*size], nil)
 					}
@@ -43,21 +43,5 @@ func BenchmarkSealRun(b *testing.B) {
 				})
 			})
 		}
-	}
-}
-
-// runCPULoop runs f for b.N ops and reports CPU time per op beside wall time: on a
-// shared machine wall time includes time spent descheduled.
-func runCPULoop(b *testing.B, size int, f func()) {
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	start := cputime.Process()
-	for b.Loop() {
-		f()
-	}
-	if cpu := cputime.Process() - start; cpu > 0 {
-		ns := float64(cpu.Nanoseconds()) / float64(b.N)
-		b.ReportMetric(ns, "cpu-ns/op")
-		b.ReportMetric(float64(size)/ns*1e3, "cpu-MB/s")
 	}
 }
