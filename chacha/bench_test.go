@@ -49,7 +49,6 @@ func BenchmarkKeystream(b *testing.B) {
 		for _, im := range impls {
 			b.Run(im.name+"/"+strconv.Itoa(size), func(b *testing.B) {
 				buf := make([]byte, size)
-				b.ReportAllocs()
 				cputime.Loop(b, size, func() { im.f(buf) })
 			})
 		}

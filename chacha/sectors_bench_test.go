@@ -30,7 +30,6 @@ func BenchmarkSectors(b *testing.B) {
 			b.Run("ChaCha"+rs+"/"+sz, func(b *testing.B) {
 				nonces := make([]byte, run*NonceSize)
 				first := uint64(0)
-				b.ReportAllocs()
 				cputime.Loop(b, len(buf), func() {
 					for i := range run {
 						binary.LittleEndian.PutUint64(nonces[i*NonceSize:], first+uint64(i))
@@ -53,7 +52,6 @@ func BenchmarkSectors(b *testing.B) {
 			b.Run("XChaCha"+rs+"/"+sz, func(b *testing.B) {
 				nonces := make([]byte, run*NonceSizeX)
 				first := uint64(0)
-				b.ReportAllocs()
 				cputime.Loop(b, len(buf), func() {
 					for i := range run {
 						binary.LittleEndian.PutUint64(nonces[i*NonceSizeX:], first+uint64(i))
