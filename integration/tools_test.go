@@ -17,31 +17,15 @@ import (
 	"github.com/elidisk/eli/internal/testtool"
 )
 
-// exportInfo is what `nbdinfo --json` reports about the default export.
-type exportInfo struct {
-	Size         int64  `json:"export-size"`
-	ReadOnly     bool   `json:"is_read_only"`
-	CanFlush     bool   `json:"can_flush"`
-	CanFUA       bool   `json:"can_fua"`
-	CanTrim      bool   `json:"can_trim"`
-	CanZero      bool   `json:"can_zero"`
-	CanMultiConn bool   `json:"can_multi_conn"`
-	MinBlock     int64  `json:"block_size_minimum"`
-	PrefBlock    int64  `json:"block_size_preferred"`
-	MaxBlock     int64  `json:"block_size_maximum"`
-	Description  string `json:"description"`
-}
-
-func nbdInfo(t testing.TB, uri string) exportInfo {
+// nbdInfo is what `nbdinfo --json` reports about uri's export.
+func nbdInfo(t testing.TB, uri string) testtool.NBDInfoExport {
 	t.Helper()
 	testtool.Need(t, "nbdinfo", "libnbd-bin")
 	out, err := exec.Command("nbdinfo", "--json", "--no-content", uri).Output()
 	if err != nil {
 		t.Fatalf("nbdinfo %s: %v", uri, err)
 	}
-	var doc struct {
-		Exports []exportInfo `json:"exports"`
-	}
+	var doc testtool.NBDInfo
 	if err := json.Unmarshal(out, &doc); err != nil || len(doc.Exports) != 1 {
 		t.Fatalf("nbdinfo --json: %v (%d exports)\n%s", err, len(doc.Exports), out)
 	}

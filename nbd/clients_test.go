@@ -16,31 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/testtool"
 	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
-// Tests against real NBD clients. Each skips, saying why, when its tool is missing; CI
-// installs them all (libnbd-bin, python3-libnbd, qemu-utils, fio, nbdkit).
-
-func needTool(t testing.TB, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("%s is not installed (%v)", name, err)
-	}
-	return p
-}
-
-// systemPython is the interpreter with the libnbd bindings: python3 on PATH may be
-// another installation without them.
-func systemPython(t testing.TB) string {
-	t.Helper()
-	const py = "/usr/bin/python3"
-	if out, err := exec.Command(py, "-c", "import nbd").CombinedOutput(); err != nil {
-		t.Skipf("%s cannot import nbd (python3-libnbd missing?): %v %s", py, err, out)
-	}
-	return py
-}
+// Tests against real NBD clients. Each says which tool it needs through testtool: it
+// skips without it when run by hand, and fails under scripts/test (ELI_REQUIRE_TOOLS=1),
+// which installs them all.
 
 // run runs a client with a time bound and returns its combined output; failure fails the
 // test with that output.
@@ -93,38 +75,16 @@ func randomBytes(t testing.TB, n int) []byte {
 
 func TestNbdinfo(t *testing.T) {
 	t.Parallel()
-	needTool(t, "nbdinfo")
+	testtool.Need(t, "nbdinfo", "libnbd-bin")
 	srv := &Server{Exports: []Export{
 		{Name: "", Description: "default disk", Backend: newMem(3 << 20), MultiConn: true, MinBlock: 512, PreferredBlock: 4096, MaxBlock: 1 << 20},
 		{Name: "ro", Description: "read-only disk", Backend: newMem(1 << 20), ReadOnly: true},
 	}}
 	path := serveUnix(t, srv)
 
-	type info struct {
-		Protocol   string `json:"protocol"`
-		TLS        bool   `json:"TLS"`
-		Structured bool   `json:"structured"`
-		Exports    []struct {
-			Name         string `json:"export-name"`
-			Description  string `json:"description"`
-			Size         int64  `json:"export-size"`
-			ReadOnly     bool   `json:"is_read_only"`
-			CanFlush     bool   `json:"can_flush"`
-			CanFUA       bool   `json:"can_fua"`
-			CanTrim      bool   `json:"can_trim"`
-			CanZero      bool   `json:"can_zero"`
-			CanFastZero  bool   `json:"can_fast_zero"`
-			CanMultiConn bool   `json:"can_multi_conn"`
-			CanCache     bool   `json:"can_cache"`
-			CanDF        bool   `json:"can_df"`
-			MinBlock     int    `json:"block_size_minimum"`
-			PrefBlock    int    `json:"block_size_preferred"`
-			MaxBlock     int    `json:"block_size_maximum"`
-		} `json:"exports"`
-	}
-	parse := func(args ...string) info {
+	parse := func(args ...string) testtool.NBDInfo {
 		out := run(t, 30*time.Second, "nbdinfo", append([]string{"--json"}, args...)...)
-		var i info
+		var i testtool.NBDInfo
 		if err := json.Unmarshal([]byte(out), &i); err != nil {
 			t.Fatalf("nbdinfo JSON: %v\n%s", err, out)
 		}
@@ -179,7 +139,7 @@ func TestNbdinfo(t *testing.T) {
 
 func TestNbdcopy(t *testing.T) {
 	t.Parallel()
-	needTool(t, "nbdcopy")
+	testtool.Need(t, "nbdcopy", "libnbd-bin")
 	const size = 32 << 20
 	mem := newMem(size)
 	var opened atomic.Int64
@@ -273,7 +233,7 @@ print("done")
 
 func TestPythonLibnbd(t *testing.T) {
 	t.Parallel()
-	py := systemPython(t)
+	py := testtool.NeedPythonNBD(t)
 	const size, bad = 2 << 20, 1 << 20
 	mem := newMem(size)
 	mem.hook = failRange("read", bad, bad+4096, fmt.Errorf("injected: %w", syscall.EIO))
@@ -318,7 +278,7 @@ func TestPythonLibnbd(t *testing.T) {
 
 func TestQemuImgConvert(t *testing.T) {
 	t.Parallel()
-	needTool(t, "qemu-img")
+	testtool.Need(t, "qemu-img", "qemu-utils")
 	const size = 16 << 20
 	mem := newMem(size)
 	path := serveUnix(t, oneExportServer(mem, nil))
@@ -346,7 +306,7 @@ func TestQemuImgConvert(t *testing.T) {
 
 func TestQemuIO(t *testing.T) {
 	t.Parallel()
-	needTool(t, "qemu-io")
+	testtool.Need(t, "qemu-io", "qemu-utils")
 	mem := newMem(8 << 20)
 	mem.fill(0x11)
 	path := serveUnix(t, oneExportServer(mem, nil))
@@ -393,7 +353,7 @@ func TestQemuIO(t *testing.T) {
 // bites: a backend that corrupts reads must make fio fail.
 func TestFio(t *testing.T) {
 	t.Parallel()
-	needTool(t, "fio")
+	testtool.Need(t, "fio", "fio")
 	if out, err := exec.Command("fio", "--enghelp=nbd").CombinedOutput(); err != nil || !strings.Contains(string(out), "uri") {
 		t.Skipf("fio has no nbd engine: %v %s", err, out)
 	}

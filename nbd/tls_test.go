@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/testtool"
 	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
@@ -149,7 +150,7 @@ func (h warnCounter) WithAttrs(as []slog.Attr) slog.Handler {
 
 func TestTLSNbdinfo(t *testing.T) {
 	t.Parallel()
-	needTool(t, "nbdinfo")
+	testtool.Need(t, "nbdinfo", "libnbd-bin")
 	p := newPKI(t)
 	var warns atomic.Int64
 	srv := oneExportServer(newMem(1<<20), nil)
@@ -194,7 +195,7 @@ func TestTLSNbdinfo(t *testing.T) {
 
 func TestTLSOverTCP(t *testing.T) {
 	t.Parallel()
-	needTool(t, "nbdinfo")
+	testtool.Need(t, "nbdinfo", "libnbd-bin")
 	p := newPKI(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
