@@ -92,10 +92,14 @@ type Device struct {
 	l     Layout
 	geo   geometry // l's numbers, for the per-sector paths
 	codec sector.Codec
-	ro    bool
-	log   *slog.Logger
-	s     int   // sector size
-	size  int64 // bytes exposed
+	// The codec's run calls: runs in authenticated modes, plainRuns in
+	// length-preserving ones (Open requires the one the mode needs).
+	runs      sector.MetaRunner
+	plainRuns sector.Runner
+	ro        bool
+	log       *slog.Logger
+	s         int   // sector size
+	size      int64 // bytes exposed
 
 	pieceSectors int // sectors per slab and per step of a large request
 	chunkSectors int // sectors per parallel chunk
@@ -168,12 +172,18 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	if l.Size()/int64(l.SectorSize) != int64(l.Sectors) {
 		return nil, fmt.Errorf("open device: %d sectors overflow the size", l.Sectors)
 	}
+	// Every request goes to the codec as runs of sectors; sector's codecs all take them.
+	runs, _ := c.(sector.MetaRunner)
+	plainRuns, _ := c.(sector.Runner)
+	if (c.MetaSize() > 0 && runs == nil) || (c.MetaSize() == 0 && plainRuns == nil) {
+		return nil, fmt.Errorf("open device: codec %s does not take runs of sectors (sector.MetaRunner or sector.Runner)", c.Mode())
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Device{
-		p: p, l: l, geo: newGeometry(l), codec: c, ro: cfg.ReadOnly, log: log,
+		p: p, l: l, geo: newGeometry(l), codec: c, runs: runs, plainRuns: plainRuns, ro: cfg.ReadOnly, log: log,
 		s: l.SectorSize, size: l.Size(),
 	}
 	d.pieceSectors = max(1, (1<<20)/d.s)

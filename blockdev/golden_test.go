@@ -82,6 +82,29 @@ func (c *goldenCodec) Open(index uint64, buf, meta []byte) error {
 	return nil
 }
 
+// SealRunMeta and OpenRunMeta (sector.MetaRunner): Seal and Open sector by sector, the
+// records side by side in meta.
+func (c *goldenCodec) SealRunMeta(first uint64, dst, src, meta []byte) {
+	copy(dst, src)
+	for k := 0; k < len(dst)/512; k++ {
+		c.Seal(first+uint64(k), dst[k*512:(k+1)*512], meta[k*40:(k+1)*40])
+	}
+}
+func (c *goldenCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
+	copy(dst, src)
+	var bad []uint64
+	for k := 0; k < len(dst)/512; k++ {
+		if c.Open(first+uint64(k), dst[k*512:(k+1)*512], meta[k*40:(k+1)*40]) != nil {
+			clear(dst[k*512 : (k+1)*512])
+			bad = append(bad, first+uint64(k))
+		}
+	}
+	if bad != nil {
+		return &sector.RunAuthError{Sectors: bad}
+	}
+	return nil
+}
+
 // goldenAD is the additional data of docs/format.md, "Sector seal".
 func goldenAD(index uint64) []byte {
 	ad := append([]byte("eli-sector-v1"), goldenVolumeID[:]...)

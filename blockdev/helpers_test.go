@@ -86,9 +86,9 @@ func layoutFor(t testing.TB, mode sector.Mode, sectorSize int, n uint64, journal
 	return l, size
 }
 
-// xorCodec is a stand-in length-preserving codec without SealTo, so the tests cover
-// blockdev's copying path too: a keystream from SHA-256 of the index. newCodec returns it
-// for ModeAESXTS128 (the real aes-xts is tested as ModeAESXTS256).
+// xorCodec is a stand-in length-preserving codec, independent of sector's: a keystream
+// from SHA-256 of the index. newCodec returns it for ModeAESXTS128 (the real aes-xts is
+// tested as ModeAESXTS256).
 type xorCodec struct{ size int }
 
 func (c xorCodec) Mode() Mode      { return sector.ModeAESXTS128 }
@@ -106,6 +106,18 @@ func (c xorCodec) Seal(i uint64, buf, _ []byte) {
 	}
 }
 func (c xorCodec) Open(i uint64, buf, meta []byte) error { c.Seal(i, buf, meta); return nil }
+
+// SealRun and OpenRun (sector.Runner): Seal sector by sector, from src into dst.
+func (c xorCodec) SealRun(first uint64, dst, src []byte) {
+	copy(dst, src)
+	for k := 0; k < len(dst); k += c.size {
+		c.Seal(first+uint64(k/c.size), dst[k:k+c.size], nil)
+	}
+}
+func (c xorCodec) OpenRun(first uint64, dst, src []byte) error {
+	c.SealRun(first, dst, src)
+	return nil
+}
 
 type Mode = sector.Mode
 

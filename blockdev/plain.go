@@ -11,27 +11,16 @@ import (
 // batch and no journal. Writes encrypt and go straight to the provider; Flush syncs. A
 // crash can tear a sector like on any plain disk (these modes promise no more).
 //
-// Whole sectors go to the codec a chunk (chunkSectors) at a time through
-// sector.Runner when the codec has it, as all of sector's length-preserving codecs do;
-// otherwise sector by sector.
+// Whole sectors go to the codec a chunk (chunkSectors) at a time through sector.Runner.
 
 func (d *Device) plainReadSectors(dst []byte, first uint64, n int) error {
 	if _, err := d.p.ReadAt(dst, d.geo.dataPos(first)); err != nil {
 		return fmt.Errorf("read sectors %d-%d: %w", first, first+uint64(n-1), err)
 	}
-	run, isRun := d.codec.(sector.Runner)
 	return d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-		if isRun {
-			chunk := dst[lo*d.s : hi*d.s]
-			if err := run.OpenRun(first+uint64(lo), chunk, chunk); err != nil {
-				return fmt.Errorf("read: %w", err)
-			}
-			return nil
-		}
-		for k := lo; k < hi; k++ {
-			if err := d.codec.Open(first+uint64(k), dst[k*d.s:(k+1)*d.s], nil); err != nil {
-				return fmt.Errorf("read: %w", err)
-			}
+		chunk := dst[lo*d.s : hi*d.s]
+		if err := d.plainRuns.OpenRun(first+uint64(lo), chunk, chunk); err != nil {
+			return fmt.Errorf("read: %w", err)
 		}
 		return nil
 	})
@@ -39,16 +28,9 @@ func (d *Device) plainReadSectors(dst []byte, first uint64, n int) error {
 
 // plainSeal encrypts n sectors of buf in place as sectors first….
 func (d *Device) plainSeal(buf []byte, first uint64, n int) {
-	run, isRun := d.codec.(sector.Runner)
 	d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-		if isRun {
-			chunk := buf[lo*d.s : hi*d.s]
-			run.SealRun(first+uint64(lo), chunk, chunk)
-			return nil
-		}
-		for k := lo; k < hi; k++ {
-			d.codec.Seal(first+uint64(k), buf[k*d.s:(k+1)*d.s], nil)
-		}
+		chunk := buf[lo*d.s : hi*d.s]
+		d.plainRuns.SealRun(first+uint64(lo), chunk, chunk)
 		return nil
 	})
 }
@@ -58,27 +40,13 @@ func (d *Device) plainWriteAt(p []byte, off int64, flags Flags) error {
 	defer d.putBuf(bp)
 	err := d.forSectors(p, off, func(p []byte, first uint64, n int) error {
 		buf := (*bp)[:len(p)]
-		if run, ok := d.codec.(sector.Runner); ok {
-			// Encrypt from the caller's buffer, which must stay as it is, a chunk at a time:
-			// a run lets xchacha*-xts derive its per-sector subkeys in batches.
-			d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-				run.SealRun(first+uint64(lo), buf[lo*d.s:hi*d.s], p[lo*d.s:hi*d.s])
-				return nil
-			})
-			return d.plainWriteSealed(buf, first, n)
-		}
-		if st, ok := d.codec.(sealerTo); ok {
-			// Encrypt from the caller's buffer, which must stay as it is, without a copy.
-			d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-				for k := lo; k < hi; k++ {
-					st.SealTo(first+uint64(k), buf[k*d.s:(k+1)*d.s], p[k*d.s:(k+1)*d.s], nil)
-				}
-				return nil
-			})
-			return d.plainWriteSealed(buf, first, n)
-		}
-		copy(buf, p)
-		return d.plainWriteWhole(buf, first, n)
+		// Encrypt from the caller's buffer, which must stay as it is, a chunk at a time:
+		// a run lets xchacha*-xts derive its per-sector subkeys in batches.
+		d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+			d.plainRuns.SealRun(first+uint64(lo), buf[lo*d.s:hi*d.s], p[lo*d.s:hi*d.s])
+			return nil
+		})
+		return d.plainWriteSealed(buf, first, n)
 	}, d.plainWritePartial)
 	if err == nil && flags&FUA != 0 {
 		err = d.sync()

@@ -4,62 +4,50 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/elidisk/eli/sector"
 )
 
-// sealOnly hides every optional extension of a codec (Runner, SealTo): blockdev then
-// seals and opens sector by sector.
+// sealOnly hides every optional extension of a codec (Runner, MetaRunner), as a codec
+// that can only seal sector by sector would have none.
 type sealOnly struct{ sector.Codec }
 
-// sealToOnly keeps SealTo but hides Runner.
-type sealToOnly struct {
-	sector.Codec
-	st sealerTo
-}
-
-func (c sealToOnly) SealTo(index uint64, dst, src, meta []byte) { c.st.SealTo(index, dst, src, meta) }
-
-// TestPlainRuns writes and zeroes through each path that length-preserving writes can
-// take (sector.Runner, SealTo, Seal sector by sector), for modes whose run path differs
-// from their per-sector one (xchacha*-xts batch their subkeys), at 512 and 4096-byte
-// sectors and over several pieces and chunks with partial sectors at both ends. Every
-// sector on the provider must hold exactly what the codec's Seal gives for its index and
-// plaintext, and reads (OpenRun or Open) must give the plaintext back.
-func TestPlainRuns(t *testing.T) {
+// TestOpenNeedsRuns: blockdev hands every request to the codec as runs of sectors, and
+// refuses a codec that cannot take them rather than fall back to a slower path of its own.
+func TestOpenNeedsRuns(t *testing.T) {
 	t.Parallel()
-	paths := []string{"runner", "sealto", "seal"}
-	for _, mode := range []sector.Mode{sector.ModeXChaCha20XTS, sector.ModeXChaCha8XTS, sector.ModeChaCha20XTS, sector.ModeAESXTS256} {
-		for _, size := range []int{512, 4096} {
-			for _, path := range paths {
-				t.Run(fmt.Sprintf("%s/%d/%s", mode, size, path), func(t *testing.T) {
-					t.Parallel()
-					testPlainRun(t, mode, size, path)
-				})
-			}
+	for _, mode := range []sector.Mode{sector.ModeXChaCha20Poly1305, sector.ModeChaCha20XTS} {
+		v := newTestVol(t, mode, 4096, 64)
+		v.cfg.Codec = sealOnly{v.cfg.Codec}
+		if _, err := Open(v.mem, v.cfg); err == nil || !strings.Contains(err.Error(), "runs of sectors") {
+			t.Errorf("%s without run calls: %v", mode, err)
 		}
 	}
 }
 
-func testPlainRun(t *testing.T, mode sector.Mode, size int, path string) {
+// TestPlainRuns writes and zeroes through the run path of length-preserving writes, for
+// modes whose run path differs from their per-sector one (xchacha*-xts batch their
+// subkeys), at 512 and 4096-byte sectors and over several pieces and chunks with partial
+// sectors at both ends. Every sector on the provider must hold exactly what the codec's
+// Seal gives for its index and plaintext, and reads must give the plaintext back.
+func TestPlainRuns(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []sector.Mode{sector.ModeXChaCha20XTS, sector.ModeXChaCha8XTS, sector.ModeChaCha20XTS, sector.ModeAESXTS256} {
+		for _, size := range []int{512, 4096} {
+			t.Run(fmt.Sprintf("%s/%d", mode, size), func(t *testing.T) {
+				t.Parallel()
+				testPlainRun(t, mode, size)
+			})
+		}
+	}
+}
+
+func testPlainRun(t *testing.T, mode sector.Mode, size int) {
 	sectors := uint64((5 << 20) / 2 / size) // 2.5 MiB: more than two 1 MiB pieces
 	v := newTestVol(t, mode, size, sectors)
 	ref := v.cfg.Codec
-	switch path {
-	case "runner":
-		if _, ok := ref.(sector.Runner); !ok {
-			t.Fatalf("%s has no Runner", mode)
-		}
-	case "sealto":
-		st, ok := ref.(sealerTo)
-		if !ok {
-			t.Fatalf("%s has no SealTo", mode)
-		}
-		v.cfg.Codec = sealToOnly{ref, st}
-	case "seal":
-		v.cfg.Codec = sealOnly{ref}
-	}
 	d := v.open(t)
 	defer d.Close()
 	total := int64(sectors) * int64(size)

@@ -103,14 +103,10 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 		}
 		d.dropRefs(src)
 	}
-	mr, runs := d.codec.(sector.MetaRunner)
+	// rs.recs is free again (fetchDisk copied the records into src), and chunks use
+	// disjoint parts of it.
 	return d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-		if runs {
-			// rs.recs is free again (fetchDisk copied the records into src), and chunks
-			// use disjoint parts of it.
-			return d.openRuns(mr, dst, first, src, lo, hi, rs.recs)
-		}
-		return d.openSources(dst, first, src, lo, hi)
+		return d.openRuns(dst, first, src, lo, hi, rs.recs)
 	})
 }
 
@@ -248,10 +244,10 @@ func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte, 
 // readRun is sectors [lo, hi) of a request, stored contiguously on the provider.
 type readRun struct{ lo, hi int }
 
-// openRuns turns sectors [lo, hi) of dst into plaintext with a MetaRunner codec: one
-// OpenRunMeta per run of sectors that have a record, whose records it lines up in
-// recs (at the sectors' own positions, RecordSize bytes each).
-func (d *Device) openRuns(mr sector.MetaRunner, dst []byte, first uint64, src []source, lo, hi int, recs []byte) error {
+// openRuns turns sectors [lo, hi) of dst into plaintext: one OpenRunMeta per run of
+// sectors that have a record, whose records it lines up in recs (at the sectors' own
+// positions, RecordSize bytes each).
+func (d *Device) openRuns(dst []byte, first uint64, src []source, lo, hi int, recs []byte) error {
 	s := d.s
 	const rs = layout.RecordSize
 	var firstErr error
@@ -269,7 +265,7 @@ func (d *Device) openRuns(mr sector.MetaRunner, dst []byte, first uint64, src []
 			}
 			copy(recs[j*rs:(j+1)*rs], src[j].rec[:])
 		}
-		err := mr.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
+		err := d.runs.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
 		if err != nil {
 			var bad *sector.RunAuthError
 			if !errors.As(err, &bad) {
@@ -284,36 +280,6 @@ func (d *Device) openRuns(mr sector.MetaRunner, dst []byte, first uint64, src []
 			}
 		}
 		k = j
-	}
-	return firstErr
-}
-
-// openSources turns sectors [lo, hi) of dst into plaintext in place, one Open per sector:
-// the path of an authenticated codec without sector.MetaRunner.
-func (d *Device) openSources(dst []byte, first uint64, src []source, lo, hi int) error {
-	s := d.s
-	var firstErr error
-	for k := lo; k < hi; k++ {
-		sec := dst[k*s : (k+1)*s]
-		sc := &src[k]
-		if sc.rec.isZero() {
-			// Never written, trimmed or zeroed: zeroes, whatever the data area holds.
-			clear(sec)
-			continue
-		}
-		if sc.kind == srcBatch {
-			copy(sec, sc.slab.buf[sc.off:int(sc.off)+s])
-		}
-		if err := d.codec.Open(first+uint64(k), sec, sc.rec[:]); err != nil {
-			clear(sec)
-			i := first + uint64(k)
-			if errors.Is(err, sector.ErrAuth) {
-				d.reportAuth(i, err)
-			}
-			if firstErr == nil {
-				firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(s), Err: err}
-			}
-		}
 	}
 	return firstErr
 }

@@ -5,29 +5,12 @@ import (
 	"unsafe"
 
 	"github.com/elidisk/eli/layout"
-	"github.com/elidisk/eli/sector"
 )
 
 // Writes in authenticated modes: each request seals its sectors into a slab (in the
 // caller's goroutine, or the worker pool for large ones) and inserts them into the pending
 // batch, replacing older entries of the same sectors. Nothing reaches the provider until
 // the batch is committed (commit.go).
-
-// sealInSlab seals sectors [lo, hi) of slab buf, which hold plaintext of sectors
-// first+lo…, in place, and their records into recs: the path of an authenticated codec
-// without sector.MetaRunner, one Seal per sector.
-func (d *Device) sealInSlab(buf []byte, first uint64, lo, hi int, recs []record) {
-	s := d.s
-	for k := lo; k < hi; k++ {
-		d.codec.Seal(first+uint64(k), buf[k*s:(k+1)*s], recs[k][:])
-	}
-}
-
-// sealerTo is the optional codec extension that seals from one buffer into another
-// (the length-preserving codecs have it): a write then needs no copy of the caller's data.
-type sealerTo interface {
-	SealTo(index uint64, dst, src, meta []byte)
-}
 
 // recordBytes is recs as the contiguous bytes they are, for sector.MetaRunner.
 func recordBytes(recs []record) []byte {
@@ -48,19 +31,11 @@ func (d *Device) writeWhole(p []byte, first uint64, n int) (uint64, error) {
 	}
 	rp := d.getRecs(n)
 	recs := *rp
-	if mr, ok := d.codec.(sector.MetaRunner); ok {
-		s := d.s
-		d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-			mr.SealRunMeta(first+uint64(lo), sl.buf[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
-			return nil
-		})
-	} else {
-		copy(sl.buf, p)
-		d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-			d.sealInSlab(sl.buf, first, lo, hi, recs)
-			return nil
-		})
-	}
+	s := d.s
+	d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+		d.runs.SealRunMeta(first+uint64(lo), sl.buf[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
+		return nil
+	})
 	d.locks.lock(first, uint64(n))
 	seq := d.insert(first, n, sl, recs, cost)
 	d.locks.unlock(first, uint64(n))

@@ -101,20 +101,11 @@ func (c *aeadCodec) checkLens(buf, meta []byte) {
 	}
 }
 
-// Seal, SealTo and Open are the run calls (aeadrun.go) for a run of one sector.
+// Seal and Open are the run calls (aeadrun.go) for a run of one sector.
 
 func (c *aeadCodec) Seal(index uint64, buf, meta []byte) {
 	c.checkLens(buf, meta)
 	c.SealRunMeta(index, buf, buf, meta)
-}
-
-// SealTo is Seal from src into dst (both SectorSize bytes, not overlapping), which spares
-// a caller that must keep its plaintext the copy it would otherwise make first. It is an
-// optional extension of Codec: blockdev/ looks for it with a type assertion.
-func (c *aeadCodec) SealTo(index uint64, dst, src, meta []byte) {
-	c.checkLens(dst, meta)
-	c.checkLens(src, meta)
-	c.SealRunMeta(index, dst, src, meta)
 }
 
 func (c *aeadCodec) Open(index uint64, buf, meta []byte) error {

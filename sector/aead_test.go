@@ -192,9 +192,9 @@ func TestAEADBindsEveryField(t *testing.T) {
 	}
 }
 
-// SealTo gives what Seal gives, leaves its source alone, and works with and without
-// spare capacity in the destination.
-func TestAEADSealTo(t *testing.T) {
+// A one-sector SealRunMeta out of place gives what Seal gives, leaves its source alone,
+// and works with and without spare capacity in the destination.
+func TestAEADSealOutOfPlace(t *testing.T) {
 	t.Parallel()
 	ref, _ := chacha20poly1305.NewX(testKey)
 	c := newTestAEAD(t, 4096, testVol).(*aeadCodec)
@@ -203,13 +203,14 @@ func TestAEADSealTo(t *testing.T) {
 		keep := bytes.Clone(src)
 		dst := slackBuf(make([]byte, 4096), tight)
 		meta := make([]byte, 40)
-		c.SealTo(9, dst, src, meta)
+		c.SealRunMeta(9, dst, src, meta)
+		checkSpare(t, dst)
 		if !bytes.Equal(src, keep) {
-			t.Fatal("SealTo changed its source")
+			t.Fatal("SealRunMeta changed its source")
 		}
 		got, err := ref.Open(nil, meta[:24], append(bytes.Clone(dst), meta[24:]...), specAD(testVol, 1, 4096, 9))
 		if err != nil || !bytes.Equal(got, src) {
-			t.Fatalf("tight=%v: reference Open of SealTo output: %v", tight, err)
+			t.Fatalf("tight=%v: reference Open of SealRunMeta output: %v", tight, err)
 		}
 	}
 }
@@ -247,14 +248,14 @@ func TestAEADNoAllocations(t *testing.T) {
 		c.Seal(1, buf, meta) // warm the scratch pool
 		src := make([]byte, 4096)
 		allocs := testing.AllocsPerRun(200, func() {
-			c.(*aeadCodec).SealTo(1, buf, src, meta)
+			c.(*aeadCodec).SealRunMeta(1, buf, src, meta)
 			c.Seal(1, buf, meta)
 			if err := c.Open(1, buf, meta); err != nil {
 				t.Fatal(err)
 			}
 		})
 		if allocs != 0 {
-			t.Errorf("tight=%v: %.1f allocations per SealTo+Seal+Open, want 0", tight, allocs)
+			t.Errorf("tight=%v: %.1f allocations per SealRunMeta+Seal+Open, want 0", tight, allocs)
 		}
 	}
 }

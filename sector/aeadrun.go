@@ -14,7 +14,8 @@ import (
 // MetaRunner is implemented by the authenticated codec: Seal and Open for a run of
 // consecutive sectors whose records lie side by side in meta (MetaSize bytes each). The
 // output is exactly what Seal and Open give sector by sector; the point is the cost.
-// blockdev/ calls it for the runs of sectors of each request.
+// blockdev/ hands it the runs of sectors of each request and refuses an authenticated
+// codec without it.
 //
 // With a vector Poly1305 on the machine (poly1305.Accelerated), xchacha20-poly1305 runs
 // as our own composition: chacha.XAEADKeys computes 16 sectors' subkeys and Poly1305

@@ -46,14 +46,6 @@ func (c *aesXTS) Seal(index uint64, buf, _ []byte) {
 	c.live().Encrypt(buf, buf, index)
 }
 
-// SealTo is Seal from src into dst (each one sector, not overlapping): the optional
-// extension blockdev uses to encrypt a write without copying it first.
-func (c *aesXTS) SealTo(index uint64, dst, src, _ []byte) {
-	mustFit(c.mode, c.size, dst)
-	mustFit(c.mode, c.size, src)
-	c.live().Encrypt(dst, src, index)
-}
-
 func (c *aesXTS) Open(index uint64, buf, _ []byte) error {
 	if err := checkSector(c.mode, c.size, buf); err != nil {
 		return err

@@ -66,14 +66,6 @@ func (c *chachaXTS) Seal(index uint64, buf, _ []byte) {
 	c.xor(index, buf, buf)
 }
 
-// SealTo is Seal from src into dst (each one sector, not overlapping): the optional
-// extension blockdev uses to encrypt a write without copying it first.
-func (c *chachaXTS) SealTo(index uint64, dst, src, _ []byte) {
-	mustFit(c.mode, c.size, dst)
-	mustFit(c.mode, c.size, src)
-	c.xor(index, dst, src)
-}
-
 func (c *chachaXTS) Open(index uint64, buf, _ []byte) error {
 	if err := checkSector(c.mode, c.size, buf); err != nil {
 		return err

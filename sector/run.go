@@ -10,7 +10,8 @@ import (
 // sector by sector; the point is the cost. xchacha*-xts derives one HChaCha subkey per
 // sector, which alone is a long chain of dependent operations, and a run lets it compute
 // 8 or 16 of them at once in vector lanes (chacha.XORKeyStreamXMany). The other codecs
-// loop over Seal's work. blockdev/ calls it for the runs of sectors of each request.
+// loop over Seal's work. blockdev/ hands it the runs of sectors of each request and
+// refuses a length-preserving codec without it.
 type Runner interface {
 	// SealRun encrypts the len(src)/SectorSize() sectors of src, the first with index
 	// first and the others with the following indexes (modulo 2^64), into dst. dst and

@@ -289,23 +289,19 @@ func lpPanicMsg(f func()) (msg string) {
 	return ""
 }
 
-// sealerTo mirrors the optional extension blockdev looks for.
-type sealerTo interface {
-	SealTo(index uint64, dst, src, meta []byte)
-}
-
-// TestSealTo: SealTo gives what Seal gives, leaves its source alone, checks lengths and
-// does not allocate (not parallel: AllocsPerRun forbids it).
-func TestSealTo(t *testing.T) {
+// TestSealRunOutOfPlace: a one-sector SealRun from one buffer into another gives what
+// Seal gives, leaves its source alone, checks lengths and does not allocate (not
+// parallel: AllocsPerRun forbids it).
+func TestSealRunOutOfPlace(t *testing.T) {
 	r := rand.New(rand.NewPCG(23, 24))
 	for _, m := range lengthPreserving() {
 		if m == ModeNone {
 			continue // not part of this change
 		}
 		c := newLPCodec(t, m, 4096, seededKey(r, m))
-		st, ok := c.(sealerTo)
+		st, ok := c.(Runner)
 		if !ok {
-			t.Errorf("%s has no SealTo", m)
+			t.Errorf("%s has no SealRun", m)
 			continue
 		}
 		src := seededBytes(r, 4096)
@@ -313,15 +309,15 @@ func TestSealTo(t *testing.T) {
 		want := bytes.Clone(src)
 		c.Seal(77, want, nil)
 		dst := make([]byte, 4096)
-		st.SealTo(77, dst, src, nil)
+		st.SealRun(77, dst, src)
 		if !bytes.Equal(dst, want) || !bytes.Equal(src, orig) {
-			t.Errorf("%s: SealTo differs from Seal (%v) or changed its source (%v)", m, !bytes.Equal(dst, want), !bytes.Equal(src, orig))
+			t.Errorf("%s: SealRun differs from Seal (%v) or changed its source (%v)", m, !bytes.Equal(dst, want), !bytes.Equal(src, orig))
 		}
-		if msg := lpPanicMsg(func() { st.SealTo(1, dst[:100], src, nil) }); !strings.Contains(msg, "sector size is 4096") {
+		if msg := lpPanicMsg(func() { st.SealRun(1, dst[:100], src) }); !strings.Contains(msg, "sector size 4096") {
 			t.Errorf("%s: short dst: panic %q", m, msg)
 		}
-		if a := testing.AllocsPerRun(50, func() { st.SealTo(5, dst, src, nil) }); a != 0 {
-			t.Errorf("%s SealTo: %v allocations per call", m, a)
+		if a := testing.AllocsPerRun(50, func() { st.SealRun(5, dst, src) }); a != 0 {
+			t.Errorf("%s SealRun: %v allocations per call", m, a)
 		}
 	}
 }
