@@ -89,8 +89,10 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 		done := make(chan error, 1)
 		log := slog.New(slog.NewTextHandler(io.Discard, nil))
 		go func() {
-			defer a.close()
-			done <- runServer(ctx, a.cfg, sd, a.p, a.mk, log, func(r *record) { ready <- r })
+			err := runServer(ctx, a.cfg, sd, a.p, a.mk, log, func(r *record) { ready <- r })
+			// Release the name's lock before stop returns: the next attach takes it at once.
+			a.close()
+			done <- err
 		}()
 		select {
 		case r := <-ready:
