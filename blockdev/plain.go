@@ -14,11 +14,12 @@ import (
 // Whole sectors go to the codec a chunk (chunkSectors) at a time through sector.Runner.
 
 func (d *Device) plainReadSectors(dst []byte, first uint64, n int) error {
-	if _, err := d.p.ReadAt(dst, d.geo.dataPos(first)); err != nil {
-		return fmt.Errorf("read sectors %d-%d: %w", first, first+uint64(n-1), err)
-	}
+	// Each chunk is read and decrypted by one worker, while it is in that core's cache.
 	return d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
 		chunk := dst[lo*d.s : hi*d.s]
+		if _, err := d.p.ReadAt(chunk, d.geo.dataPos(first+uint64(lo))); err != nil {
+			return fmt.Errorf("read sectors %d-%d: %w", first+uint64(lo), first+uint64(hi-1), err)
+		}
 		if err := d.plainRuns.OpenRun(first+uint64(lo), chunk, chunk); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}

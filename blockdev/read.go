@@ -3,6 +3,7 @@ package blockdev
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/elidisk/eli/layout"
@@ -65,7 +66,7 @@ type source struct {
 type readScratch struct {
 	src  []source
 	recs []byte
-	runs []readRun
+	bad  [][]uint64 // per chunk: sectors that failed to open
 }
 
 var readScratchPool = sync.Pool{New: func() any { return new(readScratch) }}
@@ -81,17 +82,32 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 	if cap(rs.src) < n {
 		rs.src = make([]source, d.pieceSectors)
 		rs.recs = make([]byte, d.pieceSectors*layout.RecordSize)
+		rs.bad = make([][]uint64, (d.pieceSectors+d.chunkSectors-1)/d.chunkSectors)
 	}
-	src := rs.src[:n]
+	src, recs := rs.src[:n], rs.recs[:n*layout.RecordSize]
 	defer d.dropRefs(src)
+	var moved []int
 	for attempt := 0; ; attempt++ {
 		locked := attempt >= 2
 		if locked {
 			d.commitMu.Lock()
 		}
 		seen := d.classify(first, src)
-		err := d.fetchDisk(dst, first, src, rs.recs[:n*layout.RecordSize], &rs.runs)
-		ok := err == nil && d.revalidate(first, src, seen)
+		err := d.fetchRecords(first, src, recs)
+		if err == nil {
+			// Each chunk reads its sectors from the provider and opens them at once, while
+			// they are still in this core's cache; a failure to open is only noted here,
+			// since a commit may have rewritten the sector under the read.
+			err = d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+				bad, err := d.readOpen(dst, first, src, recs, lo, hi, rs.bad[lo/d.chunkSectors][:0])
+				rs.bad[lo/d.chunkSectors] = bad
+				return err
+			})
+		}
+		ok := false
+		if err == nil {
+			moved, ok = d.revalidate(first, src, seen, moved[:0])
+		}
 		if locked {
 			d.commitMu.Unlock()
 		}
@@ -103,11 +119,27 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 		}
 		d.dropRefs(src)
 	}
-	// rs.recs is free again (fetchDisk copied the records into src), and chunks use
-	// disjoint parts of it.
-	return d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-		return d.openRuns(dst, first, src, lo, hi, rs.recs)
-	})
+	// Sectors that the commit that began during the read holds come from its batch: the
+	// bytes read from the provider may pair an old record with new data.
+	chunks := (n + d.chunkSectors - 1) / d.chunkSectors
+	for _, k := range moved {
+		c := k / d.chunkSectors
+		rs.bad[c] = slices.DeleteFunc(rs.bad[c], func(i uint64) bool { return i == first+uint64(k) })
+		bad, _ := d.openRuns(dst, first, src, recs, k, k+1, rs.bad[c])
+		rs.bad[c] = bad
+	}
+	var firstErr error
+	for c := range chunks {
+		slices.Sort(rs.bad[c])
+		for _, i := range rs.bad[c] {
+			serr := fmt.Errorf("sector %d: %w", i, sector.ErrAuth)
+			d.reportAuth(i, serr)
+			if firstErr == nil {
+				firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(d.s), Err: serr}
+			}
+		}
+	}
+	return firstErr
 }
 
 func (d *Device) dropRefs(src []source) {
@@ -153,16 +185,17 @@ func (d *Device) classify(first uint64, src []source) uint64 {
 	return d.started
 }
 
-// revalidate is the second look described above.
-func (d *Device) revalidate(first uint64, src []source, seen uint64) bool {
+// revalidate is the second look described above. It appends to moved the sectors that it
+// switched to the committing batch.
+func (d *Device) revalidate(first uint64, src []source, seen uint64, moved []int) ([]int, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.started == seen {
-		return true
+		return moved, true
 	}
 	c := d.committing
 	if d.started != seen+1 || c == nil || c.seq != seen+1 {
-		return false
+		return moved, false
 	}
 	for k := range src {
 		if src[k].kind != srcDisk {
@@ -170,87 +203,72 @@ func (d *Device) revalidate(first uint64, src []source, seen uint64) bool {
 		}
 		if e, ok := c.entries[first+uint64(k)]; ok {
 			src[k].fromEntry(e)
+			moved = append(moved, k)
 		}
 	}
-	return true
+	return moved, true
 }
 
-// fetchDisk fills in the records of the sectors that are in no batch and reads the data
-// of those whose record is not zero, one ReadAt per run of such sectors in a group.
-func (d *Device) fetchDisk(dst []byte, first uint64, src []source, recs []byte, scratch *[]readRun) error {
+// fetchRecords fills in the records of the sectors that are in no batch, and lines up
+// the records of all n sectors in recs (RecordSize bytes each, at the sectors' positions)
+// for OpenRunMeta.
+func (d *Device) fetchRecords(first uint64, src []source, recs []byte) error {
+	const rs = layout.RecordSize
 	n := len(src)
-	runs := (*scratch)[:0]
-	defer func() { *scratch = runs }()
 	for k := 0; k < n; {
-		if src[k].kind != srcDisk {
-			k++
-			continue
-		}
 		g, j := d.geo.groupOf(first + uint64(k))
 		end := min(n, k+d.geo.groupSectors(g)-j) // end of this group within the request
-		if err := d.cache.records(g, j, recs[k*layout.RecordSize:end*layout.RecordSize]); err != nil {
+		if err := d.cache.records(g, j, recs[k*rs:end*rs]); err != nil {
 			return err
 		}
 		for x := k; x < end; x++ {
-			if src[x].kind != srcDisk {
+			sc := &src[x]
+			if sc.kind != srcDisk {
+				copy(recs[x*rs:(x+1)*rs], sc.rec[:])
 				continue
 			}
-			copy(src[x].rec[:], recs[x*layout.RecordSize:])
 			if d.overrides != nil {
 				if r, ok := d.overrides[first+uint64(x)]; ok {
-					src[x].rec = r
+					copy(recs[x*rs:(x+1)*rs], r[:])
 				}
 			}
-		}
-		// Data of sectors with a record, coalesced into runs of at most ioPiece sectors.
-		for x := k; x < end; {
-			if src[x].kind != srcDisk || src[x].rec.isZero() {
-				x++
-				continue
-			}
-			y := x + 1
-			for y < end && y-x < d.ioPiece && src[y].kind == srcDisk && !src[y].rec.isZero() {
-				y++
-			}
-			runs = append(runs, readRun{x, y})
-			x = y
+			copy(sc.rec[:], recs[x*rs:])
 		}
 		k = end
 	}
-	// The pieces are read in parallel: the kernel's copy out of the page cache is a good
-	// part of a read's cost, and one thread would leave the other cores idle meanwhile.
-	read := func(r readRun) error {
-		if _, err := d.p.ReadAt(dst[r.lo*d.s:r.hi*d.s], d.geo.dataPos(first+uint64(r.lo))); err != nil {
-			return fmt.Errorf("read sectors %d-%d: %w", first+uint64(r.lo), first+uint64(r.hi-1), err)
-		}
-		return nil
-	}
-	switch len(runs) {
-	case 0:
-		return nil
-	case 1:
-		return read(runs[0])
-	}
-	return d.workers.run(len(runs), 1, func(lo, hi int) error {
-		for _, r := range runs[lo:hi] {
-			if err := read(r); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	return nil
 }
 
-// readRun is sectors [lo, hi) of a request, stored contiguously on the provider.
-type readRun struct{ lo, hi int }
+// readOpen reads sectors [lo, hi) that are in no batch and have a record from the
+// provider (one ReadAt per run of them within a group), then opens [lo, hi) in place. It
+// appends to bad the sectors that failed to open.
+func (d *Device) readOpen(dst []byte, first uint64, src []source, recs []byte, lo, hi int, bad []uint64) ([]uint64, error) {
+	for x := lo; x < hi; {
+		if src[x].kind != srcDisk || src[x].rec.isZero() {
+			x++
+			continue
+		}
+		g, j := d.geo.groupOf(first + uint64(x))
+		end := min(hi, x+d.geo.groupSectors(g)-j)
+		y := x + 1
+		for y < end && src[y].kind == srcDisk && !src[y].rec.isZero() {
+			y++
+		}
+		if _, err := d.p.ReadAt(dst[x*d.s:y*d.s], d.geo.dataPos(first+uint64(x))); err != nil {
+			return bad, fmt.Errorf("read sectors %d-%d: %w", first+uint64(x), first+uint64(y-1), err)
+		}
+		x = y
+	}
+	return d.openRuns(dst, first, src, recs, lo, hi, bad)
+}
 
-// openRuns turns sectors [lo, hi) of dst into plaintext: one OpenRunMeta per run of
-// sectors that have a record, whose records it lines up in recs (at the sectors' own
-// positions, RecordSize bytes each).
-func (d *Device) openRuns(dst []byte, first uint64, src []source, lo, hi int, recs []byte) error {
+// openRuns turns sectors [lo, hi) of dst into plaintext: batch sectors are copied from
+// their slab, then one OpenRunMeta per run of sectors that have a record (recs lined up by
+// fetchRecords). It appends to bad the sectors that fail authentication (their bytes in dst
+// are zeroed).
+func (d *Device) openRuns(dst []byte, first uint64, src []source, recs []byte, lo, hi int, bad []uint64) ([]uint64, error) {
 	s := d.s
 	const rs = layout.RecordSize
-	var firstErr error
 	for k := lo; k < hi; {
 		if src[k].rec.isZero() {
 			// Never written, trimmed or zeroed: zeroes, whatever the data area holds.
@@ -262,24 +280,18 @@ func (d *Device) openRuns(dst []byte, first uint64, src []source, lo, hi int, re
 		for ; j < hi && !src[j].rec.isZero(); j++ {
 			if sc := &src[j]; sc.kind == srcBatch {
 				copy(dst[j*s:(j+1)*s], sc.slab.buf[sc.off:int(sc.off)+s])
+				copy(recs[j*rs:(j+1)*rs], sc.rec[:])
 			}
-			copy(recs[j*rs:(j+1)*rs], src[j].rec[:])
 		}
 		err := d.runs.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
 		if err != nil {
-			var bad *sector.RunAuthError
-			if !errors.As(err, &bad) {
-				return fmt.Errorf("open sectors %d-%d: %w", first+uint64(k), first+uint64(j-1), err)
+			var ae *sector.RunAuthError
+			if !errors.As(err, &ae) {
+				return bad, fmt.Errorf("open sectors %d-%d: %w", first+uint64(k), first+uint64(j-1), err)
 			}
-			for _, i := range bad.Sectors {
-				serr := fmt.Errorf("sector %d: %w", i, sector.ErrAuth)
-				d.reportAuth(i, serr)
-				if firstErr == nil {
-					firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(s), Err: serr}
-				}
-			}
+			bad = append(bad, ae.Sectors...)
 		}
 		k = j
 	}
-	return firstErr
+	return bad, nil
 }
