@@ -30,12 +30,7 @@ func (g *gen) firstBlocks(name string) {
 		g.op("VPADDD %d(AX), %s, %s", 64*i, r(i), r(i))
 		g.op("VMOVDQU32 %s, %d(DI)", r(i), 64*i)
 	}
-	// The upper words hold the rest of the keystream block and the subkeys' mixing:
-	// clear them rather than leave them in registers.
-	for i := 0; i < 16; i++ {
-		g.op("VPXORD %s, %s, %s", r(i), r(i), r(i))
-	}
-	g.op("VZEROUPPER")
-	g.op("RET")
+	// The upper words hold the rest of the keystream block and the subkeys' mixing.
+	g.wipeRet(true, 0)
 	g.line("")
 }

@@ -62,7 +62,7 @@ func (g *gen) hchachaManyEVEX(name string, lanes int) {
 		g.op("VMOVDQU32 Y16, %d(DI)", 64*k)
 		g.op("VMOVDQU32 Y17, %d(DI)", 64*k+32)
 	}
-	g.hchachaManyNext(name, lanes)
+	g.hchachaManyNext(name, lanes, true, 0)
 }
 
 // doubleRoundEVEX emits one column round and one diagonal round over the word-sliced
@@ -112,7 +112,7 @@ func (g *gen) hchachaManyAVX2(name string) {
 		g.op("VMOVDQU Y4, %d(DI)", 64*k)
 		g.op("VMOVDQU Y5, %d(DI)", 64*k+32)
 	}
-	g.hchachaManyNext(name, 8)
+	g.hchachaManyNext(name, 8, false, hmanyFrame-32)
 }
 
 func (g *gen) hchachaManyArgs() {
@@ -125,12 +125,11 @@ func (g *gen) hchachaManyArgs() {
 }
 
 // hchachaManyNext moves past one step of lanes nonces and loops while nonces remain.
-func (g *gen) hchachaManyNext(name string, lanes int) {
+func (g *gen) hchachaManyNext(name string, lanes int, evex bool, frameBytes int) {
 	g.op("ADDQ $%d, SI", 16*lanes)
 	g.op("ADDQ $%d, DI", 32*lanes)
 	g.op("SUBQ $%d, CX", lanes)
 	g.op("JNZ %s_step", name)
-	g.op("VZEROUPPER")
-	g.op("RET")
+	g.wipeRet(evex, frameBytes)
 	g.line("")
 }

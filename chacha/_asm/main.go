@@ -167,9 +167,29 @@ func (g *gen) prologue(name string, frame int) {
 	g.op("MOVL 52(AX), R8") // counter high word, or nonce word 0
 }
 
+// wipeRet clears what a kernel leaves behind that derives from the key, then returns:
+// frameBytes of stack frame from R9, ZMM16..ZMM31 for EVEX kernels, and every other vector
+// register (VZEROALL zeroes YMM/ZMM0..15 whole, where VZEROUPPER keeps the low 128 bits).
+// Left there, they could reach memory later: in a signal frame, say, or a stack spill.
+func (g *gen) wipeRet(evex bool, frameBytes int) {
+	if frameBytes > 0 {
+		g.op("VPXOR Y0, Y0, Y0")
+		for off := 0; off < frameBytes; off += 32 {
+			g.op("VMOVDQA Y0, %d(R9)", off)
+		}
+	}
+	if evex {
+		for i := 16; i < 32; i++ {
+			g.op("VPXORD Z%d, Z%d, Z%d", i, i, i)
+		}
+	}
+	g.op("VZEROALL")
+	g.op("RET")
+}
+
 // advance moves the pointers and the counter past one chunk of blocks blocks and loops
-// while bytes remain.
-func (g *gen) advance(label string, blocks int) {
+// while bytes remain; then it wipes (wipeRet) and returns.
+func (g *gen) advance(label string, blocks int, evex bool, frameBytes int) {
 	g.op("ADDQ $%d, SI", 64*blocks)
 	g.op("ADDQ $%d, DI", 64*blocks)
 	g.op("ADDL $%d, BX", blocks)
@@ -178,8 +198,7 @@ func (g *gen) advance(label string, blocks int) {
 	g.op("SUBL R11, R8")
 	g.op("SUBQ $%d, CX", 64*blocks)
 	g.op("JNZ %s", label)
-	g.op("VZEROUPPER")
-	g.op("RET")
+	g.wipeRet(evex, frameBytes)
 	g.line("")
 }
 
@@ -280,7 +299,7 @@ func (g *gen) avx2() {
 		g.op("VMOVDQA %d(R9), Y%d", avx2D+32*i, 4+i)
 	}
 	out(1)
-	g.advance("avx2_chunk", 8)
+	g.advance("avx2_chunk", 8, false, avx2Frame-32)
 }
 
 // avx2Rounds emits the AVX2 rounds loop over the word-sliced state in Y0..Y13 (DX double
@@ -414,7 +433,7 @@ func (g *gen) avx512() {
 			g.op("VMOVDQU32 %s, %d(DI)", r, off)
 		}
 	}
-	g.advance("avx512_chunk", 16)
+	g.advance("avx512_chunk", 16, true, 0)
 }
 
 // feedForward adds the input state: broadcast from st for the fixed words, the counter
@@ -478,7 +497,7 @@ func (g *gen) avx512VL8() {
 			}
 		}
 	}
-	g.advance("avx512vl8_chunk", 8)
+	g.advance("avx512vl8_chunk", 8, true, 0)
 }
 
 // hchacha emits the HChaCha permutation of st (constants, key, 16-byte nonce) into out:
@@ -527,6 +546,6 @@ func (g *gen) hchacha(name string, vprold bool) {
 	g.op("JNZ %s", label)
 	g.op("VMOVDQU X0, (BX)")
 	g.op("VMOVDQU X3, 16(BX)")
-	g.op("RET")
+	g.wipeRet(vprold, 0)
 	g.line("")
 }

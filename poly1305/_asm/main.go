@@ -462,7 +462,12 @@ func (g *gen) kernel() {
 	if frameLen%64 != 0 {
 		g.op("VMOVDQU64 Z13, %d(SP)", frameLen-64)
 	}
-	g.op("VZEROUPPER")
+	// And the registers: ZMM16..31, then the rest whole (VZEROUPPER would keep the low
+	// 128 bits of ZMM0..15).
+	for i := 16; i < 32; i++ {
+		g.op("VPXORQ Z%d, Z%d, Z%d", i, i, i)
+	}
+	g.op("VZEROALL")
 	g.op("RET")
 }
 

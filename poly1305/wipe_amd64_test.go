@@ -1,0 +1,39 @@
+//go:build amd64 && !purego
+
+package poly1305
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/elidisk/eli/internal/vecregs"
+)
+
+// TestKernelWipesRegisters: the IFMA kernel holds powers of the one-time key and the
+// message sums in vector registers; it must leave every one of them zero.
+func TestKernelWipesRegisters(t *testing.T) {
+	if !ifma || !vecregs.Supported {
+		t.Skip("needs AVX-512 IFMA")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var regs vecregs.Regs
+	afterKernel = func() { vecregs.Read(&regs) }
+	defer func() { afterKernel = nil }()
+	key := new([32]byte)
+	for i := range key {
+		key[i] = byte(i + 1)
+	}
+	for _, n := range []int{0, 16, 100, 512, 4096} {
+		msg := make([]byte, n)
+		for i := range msg {
+			msg[i] = byte(i * 7)
+		}
+		var tag [16]byte
+		vecregs.Fill(0xa5)
+		sumIFMA(&tag, key, []byte("additional data"), msg)
+		if nz := regs.Nonzero(); len(nz) > 0 {
+			t.Errorf("%d-byte message: registers %v not zero after the kernel", n, nz)
+		}
+	}
+}
