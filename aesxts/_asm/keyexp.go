@@ -54,8 +54,8 @@ func (g *gen) expandKey() {
 
 	g.label("done")
 	// The key passed through these registers; leave none of it behind.
-	for _, x := range []string{"X1", "X2", "X3", "X4"} {
-		g.op("PXOR %s, %s", x, x)
+	for i := 0; i < 16; i++ {
+		g.op("PXOR X%d, X%d", i, i)
 	}
 	g.op("RET")
 	g.line("")
