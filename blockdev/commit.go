@@ -239,14 +239,20 @@ func (d *Device) writeData(b *batch, jes []journalEntry) error {
 		}
 		return nil
 	}
-	return d.workers.run(len(ops), 1, func(lo, hi int) error {
-		for _, op := range ops[lo:hi] {
+	each := func(ops []dataOp) error {
+		for _, op := range ops {
 			if err := do(op); err != nil {
 				return err
 			}
 		}
 		return nil
-	})
+	}
+	if d.serialWrites {
+		// Parallel writes would wait for each other in the kernel (provider.SerialWriter),
+		// and spin meanwhile: leave the other cores to seal the next batch.
+		return each(ops)
+	}
+	return d.workers.run(len(ops), 1, func(lo, hi int) error { return each(ops[lo:hi]) })
 }
 
 // dataOp is one write (data) or punch (data nil) of n sectors from first, at pos.

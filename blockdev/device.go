@@ -104,6 +104,7 @@ type Device struct {
 	pieceSectors int // sectors per slab and per step of a large request
 	chunkSectors int // sectors per parallel chunk
 	ioPiece      int // sectors per parallel read or write of the provider
+	serialWrites bool // the provider's writes serialize: commit them from one thread
 	workers      *workers
 	locks        stripes
 	bufs         sync.Pool // *[]byte of pieceSectors·S, for scratch
@@ -189,6 +190,9 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	d.pieceSectors = max(1, (1<<20)/d.s)
 	d.chunkSectors = max(1, (64<<10)/d.s)
 	d.ioPiece = max(1, (256<<10)/d.s)
+	if sw, ok := p.(provider.SerialWriter); ok {
+		d.serialWrites = sw.SerialWrites()
+	}
 	d.bufs.New = func() any {
 		b := make([]byte, d.pieceSectors*d.s)
 		return &b

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -348,5 +350,72 @@ func TestCacheWarm(t *testing.T) {
 	}
 	if err := d.Cache(0, d.Size()+1); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("Cache past the end: %v", err)
+	}
+}
+
+// serialProvider counts the WriteAt calls in flight, and says whether it asks for serial
+// writes (provider.SerialWriter).
+type serialProvider struct {
+	*memProvider
+	serial         bool
+	inFlight, most atomic.Int32
+	writes         atomic.Int64
+}
+
+func (p *serialProvider) SerialWrites() bool { return p.serial }
+
+func (p *serialProvider) WriteAt(b []byte, off int64) (int, error) {
+	n := p.inFlight.Add(1)
+	for {
+		m := p.most.Load()
+		if n <= m || p.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	time.Sleep(50 * time.Microsecond) // long enough for a parallel writer to overlap
+	p.writes.Add(1)
+	defer p.inFlight.Add(-1)
+	return p.memProvider.WriteAt(b, off)
+}
+
+// TestSerialWrites: a provider whose writes serialize (regular files) gets its commit's
+// data writes from one thread, and one that does not (block devices) in parallel; the
+// data reads back either way.
+func TestSerialWrites(t *testing.T) {
+	t.Parallel()
+	for _, serial := range []bool{true, false} {
+		v := newTestVol(t, sector.ModeXChaCha20Poly1305, 4096, 2000)
+		p := &serialProvider{memProvider: v.mem, serial: serial}
+		d, err := Open(p, v.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// 4 MiB in one commit: 4 data writes of 256 KiB at least, across groups.
+		data := make([]byte, 4<<20)
+		for i := range data {
+			data[i] = byte(i*7 + i>>12)
+		}
+		if err := d.WriteAt(data, 0, FUA); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(data))
+		if err := d.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("serial=%v: data differs", serial)
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		most := p.most.Load()
+		switch {
+		case p.writes.Load() < 8:
+			t.Fatalf("serial=%v: only %d writes", serial, p.writes.Load())
+		case serial && most != 1:
+			t.Errorf("serial provider saw %d writes at once", most)
+		case !serial && most < 2 && runtime.GOMAXPROCS(0) > 1:
+			t.Errorf("parallel provider never saw two writes at once")
+		}
 	}
 }

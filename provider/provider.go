@@ -30,6 +30,14 @@ type Puncher interface {
 	Punch(off, length int64) error
 }
 
+// SerialWriter is implemented by providers whose concurrent writes run one at a time
+// anyway, so that a caller with several writes to make does better to issue them from
+// one thread: a second writer only waits, and may spin while it waits.
+type SerialWriter interface {
+	// SerialWrites reports whether concurrent WriteAt calls serialize.
+	SerialWrites() bool
+}
+
 // ErrInUse is returned by Lock when another process holds the provider.
 var ErrInUse = errors.New("provider is in use (attached by another eli process?)")
 
@@ -102,6 +110,14 @@ func (p *File) Fd() uintptr { return p.f.Fd() }
 func (p *File) IsBlockDevice() bool { return p.isBlock }
 
 func (p *File) Size() int64 { return p.size }
+
+// SerialWrites is true for a regular file: Linux file systems take the inode's lock
+// exclusively for a buffered write (tmpfs, ext4, XFS and btrfs all do), so two pwrites to
+// one file run one after the other, and the second spins on the lock meanwhile (on tmpfs
+// here, two threads writing 256 KiB pieces spent 35% more CPU per byte than one, for no
+// gain in throughput). A block device's page cache takes no such lock: parallel writes
+// to a loop device ran 1.4 times as fast as one thread's.
+func (p *File) SerialWrites() bool { return !p.isBlock }
 
 func (p *File) ReadAt(b []byte, off int64) (int, error) { return p.f.ReadAt(b, off) }
 

@@ -32,8 +32,8 @@ func TestFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	if p.Size() != 1<<20 || p.IsBlockDevice() || p.Path() != path {
-		t.Fatalf("size %d, block %v, path %q", p.Size(), p.IsBlockDevice(), p.Path())
+	if p.Size() != 1<<20 || p.IsBlockDevice() || !p.SerialWrites() || p.Path() != path {
+		t.Fatalf("size %d, block %v, serial writes %v, path %q", p.Size(), p.IsBlockDevice(), p.SerialWrites(), p.Path())
 	}
 	data := bytes.Repeat([]byte{0xa5}, 64<<10)
 	if _, err := p.WriteAt(data, 4096); err != nil {
@@ -156,8 +156,8 @@ func TestBlockDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	if !p.IsBlockDevice() || p.Size() != 8<<20 {
-		t.Fatalf("block %v, size %d", p.IsBlockDevice(), p.Size())
+	if !p.IsBlockDevice() || p.SerialWrites() || p.Size() != 8<<20 {
+		t.Fatalf("block %v, serial writes %v, size %d", p.IsBlockDevice(), p.SerialWrites(), p.Size())
 	}
 	if err := p.Punch(1<<20, 64<<10); err != nil {
 		t.Fatal(err)
