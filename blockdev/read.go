@@ -79,7 +79,9 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 	}
 	rs := readScratchPool.Get().(*readScratch)
 	defer readScratchPool.Put(rs)
-	if cap(rs.src) < n {
+	// The pool is shared by devices of every sector size.
+	chunks := (n + d.chunkSectors - 1) / d.chunkSectors
+	if cap(rs.src) < n || len(rs.bad) < chunks {
 		rs.src = make([]source, d.pieceSectors)
 		rs.recs = make([]byte, d.pieceSectors*layout.RecordSize)
 		rs.bad = make([][]uint64, (d.pieceSectors+d.chunkSectors-1)/d.chunkSectors)
@@ -121,7 +123,6 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 	}
 	// Sectors that the commit that began during the read holds come from its batch: the
 	// bytes read from the provider may pair an old record with new data.
-	chunks := (n + d.chunkSectors - 1) / d.chunkSectors
 	for _, k := range moved {
 		c := k / d.chunkSectors
 		rs.bad[c] = slices.DeleteFunc(rs.bad[c], func(i uint64) bool { return i == first+uint64(k) })
