@@ -101,9 +101,9 @@ type Device struct {
 	s         int   // sector size
 	size      int64 // bytes exposed
 
-	pieceSectors int // sectors per slab and per step of a large request
-	chunkSectors int // sectors per parallel chunk
-	ioPiece      int // sectors per parallel read or write of the provider
+	pieceSectors int  // sectors per slab and per step of a large request
+	chunkSectors int  // sectors per parallel chunk
+	ioPiece      int  // sectors per parallel read or write of the provider
 	serialWrites bool // the provider's writes serialize: commit them from one thread
 	workers      *workers
 	locks        stripes
