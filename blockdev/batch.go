@@ -6,8 +6,9 @@ import (
 	"sync/atomic"
 )
 
-// slab holds the ciphertext of consecutive sectors sealed by one write. It is shared by the batch entries that point into it and by
-// readers copying from it; it goes back to its pool when the last reference is dropped.
+// slab holds the ciphertext of consecutive sectors sealed by one write. It is shared by
+// the batch entries that point into it and by readers copying from it; it goes back to
+// its pool when the last reference is dropped.
 // Its bytes never change while referenced.
 type slab struct {
 	buf   []byte // class·S

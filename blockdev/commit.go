@@ -192,8 +192,9 @@ func (d *Device) writeJournal(entries []journalEntry) error {
 
 // writeData writes the ciphertext of the round's sectors, one WriteAt per run of sectors
 // that are adjacent both on the provider (same group) and in one slab, and punches the
-// data of trimmed ones where the provider can. The runs are written in parallel: the
-// kernel's copy into the page cache is a good part of a write's cost.
+// data of trimmed ones where the provider can. The runs, of at most ioPiece sectors, are
+// written in parallel where the provider takes parallel writes: the kernel's copy into
+// the page cache is a good part of a write's cost.
 func (d *Device) writeData(b *batch, jes []journalEntry) error {
 	puncher, _ := d.p.(provider.Puncher)
 	s := d.s
@@ -229,20 +230,14 @@ func (d *Device) writeData(b *batch, jes []journalEntry) error {
 		}
 		x = y
 	}
-	do := func(op dataOp) error {
-		if op.data != nil {
-			if _, err := d.p.WriteAt(op.data, op.pos); err != nil {
-				return fmt.Errorf("write sectors %d-%d: %w", op.first, op.first+uint64(op.n-1), err)
-			}
-		} else if err := puncher.Punch(op.pos, int64(op.n*s)); err != nil {
-			return fmt.Errorf("punch sectors %d-%d: %w", op.first, op.first+uint64(op.n-1), err)
-		}
-		return nil
-	}
-	each := func(ops []dataOp) error {
+	do := func(ops []dataOp) error {
 		for _, op := range ops {
-			if err := do(op); err != nil {
-				return err
+			if op.data != nil {
+				if _, err := d.p.WriteAt(op.data, op.pos); err != nil {
+					return fmt.Errorf("write sectors %d-%d: %w", op.first, op.first+uint64(op.n-1), err)
+				}
+			} else if err := puncher.Punch(op.pos, int64(op.n*s)); err != nil {
+				return fmt.Errorf("punch sectors %d-%d: %w", op.first, op.first+uint64(op.n-1), err)
 			}
 		}
 		return nil
@@ -250,9 +245,9 @@ func (d *Device) writeData(b *batch, jes []journalEntry) error {
 	if d.serialWrites {
 		// Parallel writes would wait for each other in the kernel (provider.SerialWriter),
 		// and spin meanwhile: leave the other cores to seal the next batch.
-		return each(ops)
+		return do(ops)
 	}
-	return d.workers.run(len(ops), 1, func(lo, hi int) error { return each(ops[lo:hi]) })
+	return d.workers.run(len(ops), 1, func(lo, hi int) error { return do(ops[lo:hi]) })
 }
 
 // dataOp is one write (data) or punch (data nil) of n sectors from first, at pos.

@@ -103,7 +103,7 @@ type Device struct {
 
 	pieceSectors int  // sectors per slab and per step of a large request
 	chunkSectors int  // sectors per parallel chunk
-	ioPiece      int  // sectors per parallel read or write of the provider
+	ioPiece      int  // sectors per write of a commit (written in parallel unless serialWrites)
 	serialWrites bool // the provider's writes serialize: commit them from one thread
 	workers      *workers
 	locks        stripes

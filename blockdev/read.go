@@ -64,9 +64,10 @@ type source struct {
 }
 
 type readScratch struct {
-	src  []source
-	recs []byte
-	bad  [][]uint64 // per chunk: sectors that failed to open
+	src   []source
+	recs  []byte
+	badMu sync.Mutex // chunks append to bad in parallel
+	bad   []uint64   // sectors that failed to open, in no order
 }
 
 var readScratchPool = sync.Pool{New: func() any { return new(readScratch) }}
@@ -79,12 +80,9 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 	}
 	rs := readScratchPool.Get().(*readScratch)
 	defer readScratchPool.Put(rs)
-	// The pool is shared by devices of every sector size.
-	chunks := (n + d.chunkSectors - 1) / d.chunkSectors
-	if cap(rs.src) < n || len(rs.bad) < chunks {
+	if cap(rs.src) < n {
 		rs.src = make([]source, d.pieceSectors)
 		rs.recs = make([]byte, d.pieceSectors*layout.RecordSize)
-		rs.bad = make([][]uint64, (d.pieceSectors+d.chunkSectors-1)/d.chunkSectors)
 	}
 	src, recs := rs.src[:n], rs.recs[:n*layout.RecordSize]
 	defer d.dropRefs(src)
@@ -95,14 +93,15 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 			d.commitMu.Lock()
 		}
 		seen := d.classify(first, src)
+		rs.bad = rs.bad[:0]
 		err := d.fetchRecords(first, src, recs)
 		if err == nil {
 			// Each chunk reads its sectors from the provider and opens them at once, while
 			// they are still in this core's cache; a failure to open is only noted here,
 			// since a commit may have rewritten the sector under the read.
 			err = d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-				bad, err := d.readOpen(dst, first, src, recs, lo, hi, rs.bad[lo/d.chunkSectors][:0])
-				rs.bad[lo/d.chunkSectors] = bad
+				bad, err := d.readOpen(dst, first, src, recs, lo, hi)
+				rs.noteBad(bad)
 				return err
 			})
 		}
@@ -124,23 +123,32 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 	// Sectors that the commit that began during the read holds come from its batch: the
 	// bytes read from the provider may pair an old record with new data.
 	for _, k := range moved {
-		c := k / d.chunkSectors
-		rs.bad[c] = slices.DeleteFunc(rs.bad[c], func(i uint64) bool { return i == first+uint64(k) })
-		bad, _ := d.openRuns(dst, first, src, recs, k, k+1, rs.bad[c])
-		rs.bad[c] = bad
+		i := first + uint64(k)
+		rs.bad = slices.DeleteFunc(rs.bad, func(b uint64) bool { return b == i })
+		bad, err := d.openRuns(dst, first, src, recs, k, k+1)
+		if err != nil {
+			return err
+		}
+		rs.noteBad(bad)
 	}
+	slices.Sort(rs.bad)
 	var firstErr error
-	for c := range chunks {
-		slices.Sort(rs.bad[c])
-		for _, i := range rs.bad[c] {
-			serr := fmt.Errorf("sector %d: %w", i, sector.ErrAuth)
-			d.reportAuth(i, serr)
-			if firstErr == nil {
-				firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(d.s), Err: serr}
-			}
+	for _, i := range rs.bad {
+		serr := fmt.Errorf("sector %d: %w", i, sector.ErrAuth)
+		d.reportAuth(i, serr)
+		if firstErr == nil {
+			firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(d.s), Err: serr}
 		}
 	}
 	return firstErr
+}
+
+func (rs *readScratch) noteBad(bad []uint64) {
+	if len(bad) > 0 {
+		rs.badMu.Lock()
+		rs.bad = append(rs.bad, bad...)
+		rs.badMu.Unlock()
+	}
 }
 
 func (d *Device) dropRefs(src []source) {
@@ -210,13 +218,17 @@ func (d *Device) revalidate(first uint64, src []source, seen uint64, moved []int
 	return moved, true
 }
 
-// fetchRecords fills in the records of the sectors that are in no batch, and lines up
-// the records of all n sectors in recs (RecordSize bytes each, at the sectors' positions)
-// for OpenRunMeta.
+// fetchRecords fills in the records of the sectors that are in no batch, and lines them
+// up in recs (RecordSize bytes each, at the sectors' positions) for OpenRunMeta; openRuns
+// lines up those of batch sectors. Groups without such a sector are not looked up.
 func (d *Device) fetchRecords(first uint64, src []source, recs []byte) error {
 	const rs = layout.RecordSize
 	n := len(src)
 	for k := 0; k < n; {
+		if src[k].kind != srcDisk {
+			k++
+			continue
+		}
 		g, j := d.geo.groupOf(first + uint64(k))
 		end := min(n, k+d.geo.groupSectors(g)-j) // end of this group within the request
 		if err := d.cache.records(g, j, recs[k*rs:end*rs]); err != nil {
@@ -225,7 +237,6 @@ func (d *Device) fetchRecords(first uint64, src []source, recs []byte) error {
 		for x := k; x < end; x++ {
 			sc := &src[x]
 			if sc.kind != srcDisk {
-				copy(recs[x*rs:(x+1)*rs], sc.rec[:])
 				continue
 			}
 			if d.overrides != nil {
@@ -242,8 +253,8 @@ func (d *Device) fetchRecords(first uint64, src []source, recs []byte) error {
 
 // readOpen reads sectors [lo, hi) that are in no batch and have a record from the
 // provider (one ReadAt per run of them within a group), then opens [lo, hi) in place. It
-// appends to bad the sectors that failed to open.
-func (d *Device) readOpen(dst []byte, first uint64, src []source, recs []byte, lo, hi int, bad []uint64) ([]uint64, error) {
+// returns the sectors that failed to open.
+func (d *Device) readOpen(dst []byte, first uint64, src []source, recs []byte, lo, hi int) ([]uint64, error) {
 	for x := lo; x < hi; {
 		if src[x].kind != srcDisk || src[x].rec.isZero() {
 			x++
@@ -256,20 +267,21 @@ func (d *Device) readOpen(dst []byte, first uint64, src []source, recs []byte, l
 			y++
 		}
 		if _, err := d.p.ReadAt(dst[x*d.s:y*d.s], d.geo.dataPos(first+uint64(x))); err != nil {
-			return bad, fmt.Errorf("read sectors %d-%d: %w", first+uint64(x), first+uint64(y-1), err)
+			return nil, fmt.Errorf("read sectors %d-%d: %w", first+uint64(x), first+uint64(y-1), err)
 		}
 		x = y
 	}
-	return d.openRuns(dst, first, src, recs, lo, hi, bad)
+	return d.openRuns(dst, first, src, recs, lo, hi)
 }
 
 // openRuns turns sectors [lo, hi) of dst into plaintext: batch sectors are copied from
 // their slab, then one OpenRunMeta per run of sectors that have a record (recs lined up by
-// fetchRecords). It appends to bad the sectors that fail authentication (their bytes in dst
-// are zeroed).
-func (d *Device) openRuns(dst []byte, first uint64, src []source, recs []byte, lo, hi int, bad []uint64) ([]uint64, error) {
+// fetchRecords). It returns the sectors that fail authentication (their bytes in dst are
+// zeroed).
+func (d *Device) openRuns(dst []byte, first uint64, src []source, recs []byte, lo, hi int) ([]uint64, error) {
 	s := d.s
 	const rs = layout.RecordSize
+	var bad []uint64
 	for k := lo; k < hi; {
 		if src[k].rec.isZero() {
 			// Never written, trimmed or zeroed: zeroes, whatever the data area holds.

@@ -47,10 +47,10 @@ func (d *Device) recover() error {
 		if e.new.isZero() {
 			choice = e.new
 		} else {
-			if _, err := d.p.ReadAt(buf[:d.s], d.geo.dataPos(e.index)); err != nil {
+			if _, err := d.p.ReadAt(buf, d.geo.dataPos(e.index)); err != nil {
 				return fmt.Errorf("read sector %d: %w", e.index, err)
 			}
-			err := d.codec.Open(e.index, buf[:d.s], e.new[:])
+			err := d.codec.Open(e.index, buf, e.new[:])
 			switch {
 			case err == nil:
 				choice = e.new
