@@ -51,10 +51,6 @@ func polyIFMA(st *ifmaState, segs *[maxSegments]segment, regular int, tail *byte
 
 const mask44 = 1<<44 - 1
 
-// afterKernel, when a test sets it, runs right after polyIFMA returns (wipe_test.go reads
-// the vector registers there).
-var afterKernel func()
-
 // laneOf is the kernel lane that holds block b of a chunk: the kernel's unpacking
 // leaves blocks in the order 0 4 1 5 2 6 3 7.
 func laneOf(b int) int {
@@ -158,9 +154,6 @@ func hashIFMA(buf []byte, key *[32]byte, ad, ct []byte, lengths bool) (h0, h1, h
 	r1 := binary.LittleEndian.Uint64(key[8:16]) & 0x0ffffffc0ffffffc
 	st.r = [3]uint64{r0 & mask44, (r0>>44 | r1<<20) & mask44, r1 >> 24}
 	polyIFMA(&st, &segs, regular, &tail[0])
-	if afterKernel != nil {
-		afterKernel()
-	}
 	// h = h[0] + h[1]·2^44 + h[2]·2^88; then fold the bits above 2^130 (2^130 ≡ 5).
 	var c uint64
 	h0, c = bits.Add64(st.h[0], st.h[1]<<44, 0)
