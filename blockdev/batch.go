@@ -52,8 +52,11 @@ func (p *slabPool) get(n int) *slab {
 	return s
 }
 
-func (p *slabPool) release(s *slab) {
-	switch r := s.refs.Add(-1); {
+func (p *slabPool) release(s *slab) { p.releaseN(s, 1) }
+
+// releaseN drops n references to s at once.
+func (p *slabPool) releaseN(s *slab, n int32) {
+	switch r := s.refs.Add(-n); {
 	case r > 0:
 		return
 	case r < 0:
@@ -88,9 +91,9 @@ const zeroEntryCost = 128
 // the committing batch is read-only until its commit returns.
 type batch struct {
 	seq     uint64 // commit order; Flush waits for the batch it needs by this number
-	entries map[uint64]entry
+	entries sectorMap
 	bytes   int64 // counted against MaxBatchBytes
 	first   int64 // monotonic nanoseconds of the first write, for CommitInterval
 }
 
-func (b *batch) empty() bool { return len(b.entries) == 0 }
+func (b *batch) empty() bool { return b.entries.len() == 0 }

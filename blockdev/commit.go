@@ -2,7 +2,6 @@ package blockdev
 
 import (
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/elidisk/eli/provider"
@@ -66,12 +65,7 @@ func (d *Device) committer() {
 		d.committing = nil
 		d.durable = b.seq
 		d.cond.Broadcast()
-		for _, e := range b.entries {
-			if e.slab != nil {
-				d.slabs.release(e.slab)
-			}
-		}
-		clear(b.entries)
+		b.entries.reset(d.slabs)
 		b.bytes = 0
 		d.spare = b
 		d.mu.Unlock()
@@ -82,7 +76,7 @@ func (d *Device) newBatchLocked(seq uint64) *batch {
 	b := d.spare
 	d.spare = nil
 	if b == nil {
-		b = &batch{entries: make(map[uint64]entry)}
+		b = &batch{}
 	}
 	b.seq = seq
 	return b
@@ -91,18 +85,14 @@ func (d *Device) newBatchLocked(seq uint64) *batch {
 // commit makes batch b durable: in rounds that fit both the journal and half the
 // metadata cache, each one journal write, sync, in-place writes, sync.
 func (d *Device) commit(b *batch) error {
-	idx := d.sortBuf[:0]
-	for i := range b.entries {
-		idx = append(idx, i)
-	}
-	slices.Sort(idx)
-	d.sortBuf = idx
+	refs := b.entries.appendSorted(d.sortBuf[:0])
+	d.sortBuf = refs
 	jcap := journalCap(d.l)
-	for len(idx) > 0 {
+	for len(refs) > 0 {
 		n, groups := 0, 0
 		var lastG uint64
-		for n < len(idx) && n < jcap {
-			g, _ := d.geo.groupOf(idx[n])
+		for n < len(refs) && n < jcap {
+			g, _ := d.geo.groupOf(refs[n].i)
 			if n == 0 || g != lastG {
 				if groups == d.roundMax {
 					break
@@ -112,17 +102,17 @@ func (d *Device) commit(b *batch) error {
 			}
 			n++
 		}
-		if err := d.commitRound(b, idx[:n]); err != nil {
+		if err := d.commitRound(refs[:n]); err != nil {
 			return err
 		}
-		idx = idx[n:]
+		refs = refs[n:]
 	}
 	d.stats.commits.Add(1)
 	return nil
 }
 
-// commitRound commits the sectors idx (sorted, distinct) of batch b.
-func (d *Device) commitRound(b *batch, idx []uint64) error {
+// commitRound commits the sectors refs (sorted, distinct) of a batch.
+func (d *Device) commitRound(refs []ref) error {
 	// Pin the metadata blocks: they give the old records, and they are written whole.
 	blocks := d.blocks[:0]
 	defer func() {
@@ -131,8 +121,9 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 		}
 		d.blocks = blocks[:0]
 	}()
-	jes := d.jentries[:0]
-	for _, i := range idx {
+	jes, written := d.jentries[:0], d.written[:0]
+	for _, r := range refs {
+		i := r.i
 		g, j := d.geo.groupOf(i)
 		if len(blocks) == 0 || blocks[len(blocks)-1].g != g {
 			blk, err := d.cache.get(g)
@@ -141,14 +132,14 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 			}
 			blocks = append(blocks, blk)
 		}
-		e := b.entries[i]
 		old := d.cache.record(blocks[len(blocks)-1], j)
-		if old.isZero() && e.rec.isZero() {
+		if old.isZero() && r.e.rec.isZero() {
 			continue // trimming a sector that holds nothing changes nothing
 		}
-		jes = append(jes, journalEntry{index: i, old: old, new: e.rec})
+		jes = append(jes, journalEntry{index: i, old: old, new: r.e.rec})
+		written = append(written, r)
 	}
-	d.jentries = jes
+	d.jentries, d.written = jes, written
 	if len(jes) == 0 {
 		return nil
 	}
@@ -167,7 +158,7 @@ func (d *Device) commitRound(b *batch, idx []uint64) error {
 		}
 		d.cache.patch(blocks[bi], j, &je.new)
 	}
-	if err := d.writeData(b, jes); err != nil {
+	if err := d.writeData(written); err != nil {
 		return err
 	}
 	if err := d.writeBlocks(blocks); err != nil {
@@ -190,24 +181,22 @@ func (d *Device) writeJournal(entries []journalEntry) error {
 	return d.sync()
 }
 
-// writeData writes the ciphertext of the round's sectors, one WriteAt per run of sectors
+// writeData writes the ciphertext of the round's sectors refs, one WriteAt per run of sectors
 // that are adjacent both on the provider (same group) and in one slab, and punches the
 // data of trimmed ones where the provider can. The runs, of at most ioPiece sectors, are
 // written in parallel where the provider takes parallel writes: the kernel's copy into
 // the page cache is a good part of a write's cost.
-func (d *Device) writeData(b *batch, jes []journalEntry) error {
+func (d *Device) writeData(refs []ref) error {
 	puncher, _ := d.p.(provider.Puncher)
 	s := d.s
 	ops := d.dataOps[:0]
 	defer func() { d.dataOps = ops }()
-	for x := 0; x < len(jes); {
-		i := jes[x].index
-		e := b.entries[i]
+	for x := 0; x < len(refs); {
+		i, e := refs[x].i, refs[x].e
 		g, _ := d.geo.groupOf(i)
 		y := x + 1
-		for y < len(jes) && y-x < d.ioPiece {
-			ni := jes[y].index
-			ne := b.entries[ni]
+		for y < len(refs) && y-x < d.ioPiece {
+			ni, ne := refs[y].i, refs[y].e
 			ng, _ := d.geo.groupOf(ni)
 			if ni != i+uint64(y-x) || ng != g || (ne.slab == nil) != (e.slab == nil) {
 				break

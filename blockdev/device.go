@@ -146,8 +146,9 @@ type Device struct {
 
 	// Committer-only state.
 	dataOps  []dataOp
-	sortBuf  []uint64
+	sortBuf  []ref // a batch's sectors in index order
 	jentries []journalEntry
+	written  []ref // the sectors of jentries
 	blocks   []*mblock
 
 	stats struct {
@@ -263,7 +264,7 @@ func (d *Device) openAuthenticated(cfg Config) error {
 		d.jrnl.wipe()
 		return fmt.Errorf("open device: recovery: %w", err)
 	}
-	d.pending = &batch{seq: 1, entries: make(map[uint64]entry)}
+	d.pending = &batch{seq: 1}
 	d.durable, d.started = d.pending.seq-1, d.pending.seq-1
 	if !d.ro {
 		d.kick = make(chan struct{}, 1)

@@ -5,8 +5,9 @@
 // # Authenticated modes
 //
 // Every write seals its sectors at once, with a fresh nonce each, into a slab owned by the
-// *pending batch*: a map from sector to (ciphertext, record), where a rewrite replaces the
-// older entry. Reads see the pending batch, then the committing one, then the provider.
+// *pending batch*: a map from sector to (ciphertext, record), kept in spans of 16 sectors
+// (sectormap.go), where a rewrite replaces the older entry. Reads see the pending batch,
+// then the committing one, then the provider.
 // One committer goroutine commits batches in order; each commit is one or more rounds of
 // journal (old and new records), sync, data and records in place, sync — docs/format.md,
 // "Journal". A batch is committed when a Flush or FUA write waits for it, when it holds

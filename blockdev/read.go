@@ -171,24 +171,21 @@ func (s *source) fromEntry(e entry) {
 func (d *Device) classify(first uint64, src []source) uint64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	pe := d.pending.entries
-	var ce map[uint64]entry
+	pe, ce := &d.pending.entries, (*sectorMap)(nil)
 	if d.committing != nil {
-		ce = d.committing.entries
+		ce = &d.committing.entries
 	}
+	var ps, cs *span
 	for k := range src {
 		i := first + uint64(k)
-		src[k] = source{kind: srcDisk}
-		if len(pe) > 0 {
-			if e, ok := pe[i]; ok {
-				src[k].fromEntry(e)
-				continue
-			}
+		if k == 0 || i&spanMask == 0 {
+			ps, cs = pe.spanAt(i), ce.spanAt(i)
 		}
-		if len(ce) > 0 {
-			if e, ok := ce[i]; ok {
-				src[k].fromEntry(e)
-			}
+		src[k] = source{kind: srcDisk}
+		if e, ok := ps.at(i); ok {
+			src[k].fromEntry(*e)
+		} else if e, ok := cs.at(i); ok {
+			src[k].fromEntry(*e)
 		}
 	}
 	return d.started
@@ -210,8 +207,8 @@ func (d *Device) revalidate(first uint64, src []source, seen uint64, moved []int
 		if src[k].kind != srcDisk {
 			continue
 		}
-		if e, ok := c.entries[first+uint64(k)]; ok {
-			src[k].fromEntry(e)
+		if e, ok := c.entries.get(first + uint64(k)); ok {
+			src[k].fromEntry(*e)
 			moved = append(moved, k)
 		}
 	}

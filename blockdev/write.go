@@ -81,10 +81,11 @@ func (d *Device) zeroWhole(first, n uint64, punch bool) (uint64, error) {
 		d.locks.lock(first, k)
 		d.mu.Lock()
 		b := d.pending
+		var spans int64
 		for x := range k {
-			d.replaceLocked(b, first+x, entry{punch: punch})
+			spans += d.replaceLocked(b, first+x, entry{punch: punch})
 		}
-		seq = d.addedLocked(b, cost)
+		seq = d.addedLocked(b, cost, spans*spanCost)
 		d.mu.Unlock()
 		d.locks.unlock(first, k)
 		first, n = first+k, n-k
@@ -97,29 +98,36 @@ func (d *Device) insert(first uint64, n int, sl *slab, recs []record, cost int64
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	b := d.pending
+	sl.refs.Add(int32(n))
+	var spans int64
 	for k := range n {
-		sl.refs.Add(1)
-		d.replaceLocked(b, first+uint64(k), entry{slab: sl, off: int32(k * d.s), rec: recs[k]})
+		spans += d.replaceLocked(b, first+uint64(k), entry{slab: sl, off: int32(k * d.s), rec: recs[k]})
 	}
-	return d.addedLocked(b, cost)
+	return d.addedLocked(b, cost, spans*spanCost)
 }
 
-func (d *Device) replaceLocked(b *batch, i uint64, e entry) {
-	if old, ok := b.entries[i]; ok && old.slab != nil {
+// replaceLocked makes e sector i's entry in b and returns how many spans that created.
+func (d *Device) replaceLocked(b *batch, i uint64, e entry) int64 {
+	old, replaced, grew := b.entries.put(i, e)
+	if replaced && old.slab != nil {
 		d.slabs.release(old.slab)
 	}
-	b.entries[i] = e
+	if grew {
+		return 1
+	}
+	return 0
 }
 
-// addedLocked accounts for cost bytes moved from the reservation into batch b and wakes
-// the committer when the batch starts or fills.
-func (d *Device) addedLocked(b *batch, cost int64) uint64 {
+// addedLocked accounts for cost bytes moved from the reservation into batch b, and extra
+// bytes of its index beyond any reservation, and wakes the committer when the batch
+// starts or fills.
+func (d *Device) addedLocked(b *batch, cost, extra int64) uint64 {
 	d.reserved -= cost
 	if b.bytes == 0 {
 		b.first = d.now()
 		d.poke()
 	}
-	b.bytes += cost
+	b.bytes += cost + extra
 	if b.bytes >= d.commitBytes {
 		d.poke()
 	}

@@ -1,0 +1,118 @@
+package blockdev
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/elidisk/eli/sector"
+)
+
+// TestSectorMapModel puts runs and single sectors, some rewriting earlier ones, into a
+// sectorMap and a Go map side by side, and checks lookups, the count, the sorted walk and
+// that reset gives back exactly the slab references the entries held.
+func TestSectorMapModel(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 9))
+	pool := newSlabPool(512, 64, 1<<20)
+	var m sectorMap
+	for round := range 3 { // reset in between: spans are reused
+		model := map[uint64]entry{}
+		var slabs []*slab
+		for range 300 {
+			n := 1 + r.IntN(40)
+			if r.IntN(3) == 0 {
+				n = 1
+			}
+			first := r.Uint64N(2000)
+			if r.IntN(4) == 0 {
+				first = r.Uint64() >> 4 // far apart: spans of their own
+			}
+			sl := pool.get(n)
+			slabs = append(slabs, sl)
+			sl.refs.Add(int32(n))
+			for k := range n {
+				i := first + uint64(k)
+				e := entry{slab: sl, off: int32(k * 512), rec: record{byte(round), byte(k), byte(n)}}
+				old, replaced, _ := m.put(i, e)
+				if prev, ok := model[i]; ok != replaced || (ok && old != prev) {
+					t.Fatalf("put %d: replaced %v %+v, model %v %+v", i, replaced, old, ok, prev)
+				}
+				if replaced {
+					pool.release(old.slab)
+				}
+				model[i] = e
+			}
+			pool.release(sl) // the entries hold their own references
+		}
+		if m.len() != len(model) {
+			t.Fatalf("len %d, model %d", m.len(), len(model))
+		}
+		for i, want := range model {
+			if e, ok := m.get(i); !ok || *e != want {
+				t.Fatalf("get %d: %v %+v, want %+v", i, ok, e, want)
+			}
+			if _, ok := m.get(i + 1<<40); ok {
+				t.Fatalf("get %d: found a sector never put", i+1<<40)
+			}
+		}
+		refs := m.appendSorted(nil)
+		want := make([]uint64, 0, len(model))
+		for i := range model {
+			want = append(want, i)
+		}
+		slices.Sort(want)
+		if len(refs) != len(want) {
+			t.Fatalf("sorted walk: %d sectors, want %d", len(refs), len(want))
+		}
+		for k, rf := range refs {
+			if rf.i != want[k] || *rf.e != model[rf.i] {
+				t.Fatalf("sorted walk: position %d is sector %d %+v, want %d %+v", k, rf.i, *rf.e, want[k], model[want[k]])
+			}
+		}
+		m.reset(pool)
+		if m.len() != 0 || len(m.appendSorted(nil)) != 0 {
+			t.Fatal("reset left entries")
+		}
+		if _, ok := m.get(want[0]); ok {
+			t.Fatal("reset left a sector visible")
+		}
+		for _, sl := range slabs {
+			if n := sl.refs.Load(); n != 0 {
+				t.Fatalf("after reset a slab holds %d references, want 0", n)
+			}
+		}
+		if len(m.free) == 0 {
+			t.Fatal("reset kept no span for reuse")
+		}
+	}
+}
+
+// TestScatteredTrimsBounded: one-sector trims far apart each take a span of the batch's
+// index, which is counted against MaxBatchBytes, so that a batch of them still commits in
+// bounded pieces.
+func TestScatteredTrimsBounded(t *testing.T) {
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, 1<<16)
+	v.cfg.CommitInterval = time.Hour
+	d := v.open(t)
+	defer d.Close()
+	const trims = 3000
+	for k := range trims {
+		if err := d.Trim(int64(k)*spanSectors*512, 512, 0); err != nil {
+			t.Fatal(err)
+		}
+		d.mu.Lock()
+		b := d.pending
+		bytes, n := b.bytes, b.entries.len()
+		d.mu.Unlock()
+		if want := int64(n) * (zeroEntryCost + spanCost); bytes != want {
+			t.Fatalf("after %d trims the pending batch counts %d bytes for %d entries, want %d", k+1, bytes, n, want)
+		}
+		if bytes > d.maxBatch+spanCost {
+			t.Fatalf("pending batch at %d bytes, bound %d", bytes, d.maxBatch)
+		}
+	}
+	if st := d.Stats(); uint64(trims)*uint64(zeroEntryCost+spanCost) > uint64(d.maxBatch)*3/2 && st.Commits == 0 {
+		t.Fatalf("%d scattered trims made no commit, with batches of %d bytes", trims, d.maxBatch)
+	}
+}
