@@ -24,6 +24,7 @@ type slabPool struct {
 	free       [][]*slab // by class
 	freeBytes  int64
 	maxFree    int64
+	allocs     atomic.Uint64 // slabs made, not reused
 }
 
 func newSlabPool(sectorSize, maxSectors int, maxFree int64) *slabPool {
@@ -34,9 +35,15 @@ func newSlabPool(sectorSize, maxSectors int, maxFree int64) *slabPool {
 	}
 }
 
+// class is the smallest class of slab that holds n sectors.
+func class(n int) int { return bits.Len(uint(n - 1)) }
+
+// bytes is the size of the slab that get(n) returns.
+func (p *slabPool) bytes(n int) int64 { return int64(1<<class(n)) * int64(p.sectorSize) }
+
 // get returns a slab for n sectors (at most the pool's maxSectors) with one reference.
 func (p *slabPool) get(n int) *slab {
-	class := bits.Len(uint(n - 1)) // smallest class with 1<<class >= n
+	class := class(n)
 	p.mu.Lock()
 	if l := p.free[class]; len(l) > 0 {
 		s := l[len(l)-1]
@@ -47,6 +54,7 @@ func (p *slabPool) get(n int) *slab {
 		return s
 	}
 	p.mu.Unlock()
+	p.allocs.Add(1)
 	s := &slab{buf: make([]byte, (1<<class)*p.sectorSize), class: class}
 	s.refs.Store(1)
 	return s

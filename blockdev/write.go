@@ -23,12 +23,13 @@ func recordBytes(recs []record) []byte {
 // writeWhole writes n whole sectors (n ≤ pieceSectors) from p and returns the sequence
 // number of the batch that holds them.
 func (d *Device) writeWhole(p []byte, first uint64, n int) (uint64, error) {
-	sl := d.slabs.get(n)
-	cost := int64(len(sl.buf))
+	// Reserve first: a writer waiting for room holds no slab, so the slabs in use are
+	// within two batches (the pending one and the committing one).
+	cost := d.slabs.bytes(n)
 	if err := d.reserve(cost); err != nil {
-		d.slabs.release(sl)
 		return 0, err
 	}
+	sl := d.slabs.get(n)
 	rp := d.getRecs(n)
 	recs := *rp
 	s := d.s
@@ -47,12 +48,11 @@ func (d *Device) writeWhole(p []byte, first uint64, n int) (uint64, error) {
 // writePartial writes part at offset o of sector i: read, modify, seal, insert, all under
 // the sector's lock so that no other write of the sector can slip in between.
 func (d *Device) writePartial(i uint64, o int, part []byte) (uint64, error) {
-	sl := d.slabs.get(1)
-	cost := int64(d.s)
+	cost := d.slabs.bytes(1)
 	if err := d.reserve(cost); err != nil {
-		d.slabs.release(sl)
 		return 0, err
 	}
+	sl := d.slabs.get(1)
 	d.locks.lock(i, 1)
 	defer d.locks.unlock(i, 1)
 	if err := d.readSectors(sl.buf[:d.s], i, 1); err != nil {

@@ -1,8 +1,10 @@
 package blockdev
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,5 +116,83 @@ func TestScatteredTrimsBounded(t *testing.T) {
 	}
 	if st := d.Stats(); uint64(trims)*uint64(zeroEntryCost+spanCost) > uint64(d.maxBatch)*3/2 && st.Commits == 0 {
 		t.Fatalf("%d scattered trims made no commit, with batches of %d bytes", trims, d.maxBatch)
+	}
+}
+
+// heldSync is a provider whose syncs wait while mu is held: commits stall.
+type heldSync struct {
+	*memProvider
+	mu *sync.Mutex
+}
+
+func (p heldSync) Sync() error { p.mu.Lock(); p.mu.Unlock(); return nil }
+
+// TestFullBatchesRecycleSlabs: when a full batch waits for a full batch that is
+// committing, and both then commit, every slab goes back to the pool and later such loads
+// make no new one. (A pool that kept one batch's worth dropped the rest: 14% of a
+// sequential load's slabs were new ones, faulted in, zeroed and collected.)
+func TestFullBatchesRecycleSlabs(t *testing.T) {
+	const sectors = 1 << 16 // 32 MiB of 512-byte sectors
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, sectors)
+	v.cfg.MaxBatchBytes = 8 << 20
+	v.cfg.CommitBytes = 4 << 20
+	var held sync.Mutex
+	d, err := Open(heldSync{v.mem, &held}, v.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	const writers, req = 4, 1 << 20 // one slab each
+	if req != d.pieceSectors*d.s {
+		t.Fatalf("requests of %d bytes, slabs of %d", req, d.pieceSectors*d.s)
+	}
+	load := func(base int64) {
+		held.Lock()
+		var wg sync.WaitGroup
+		for w := range writers {
+			wg.Go(func() {
+				buf := bytes.Repeat([]byte{byte(w)}, req)
+				for k := int64(w); k < 24; k += writers { // more than two batches
+					if err := d.WriteAt(buf, (base+k)*req%(sectors*512), 0); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		// Wait until a writer waits for room while a batch commits: two batches full.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			d.mu.Lock()
+			full := d.blocked > 0 && d.committing != nil
+			d.mu.Unlock()
+			if full {
+				break
+			}
+			if time.Now().After(deadline) {
+				held.Unlock()
+				t.Fatal("no writer waits for room after 10 s")
+			}
+		}
+		held.Unlock()
+		wg.Wait()
+		if err := d.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Writers reserve room before they take a slab, so two batches' worth is the most in
+	// use at once, and the pool keeps as many idle (and two spare).
+	bound := uint64(2*d.maxBatch/req + 2)
+	for k := range 4 {
+		load(int64(k) * 24)
+		made := d.slabs.allocs.Load()
+		d.slabs.mu.Lock()
+		idle := d.slabs.freeBytes / req
+		d.slabs.mu.Unlock()
+		if idle != int64(made) {
+			t.Fatalf("after %d loads, all committed: %d slabs made, %d idle in the pool; it dropped the rest", k+1, made, idle)
+		}
+		if made > bound {
+			t.Fatalf("after %d loads %d slabs made, more than two batches' worth (%d)", k+1, made, bound)
+		}
 	}
 }
