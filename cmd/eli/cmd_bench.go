@@ -296,7 +296,9 @@ func (w *benchWorker) open(first uint64, dst, src []byte) error {
 // run works until stop is set and returns the bytes it processed.
 func (w *benchWorker) run(stop *atomic.Bool) (int64, error) {
 	var done int64
-	for round := uint64(0); !stop.Load(); round++ {
+	// At least one round: a worker scheduled only after the timer fired (a short
+	// --duration on a loaded machine) would otherwise report a rate of zero.
+	for round := uint64(0); round == 0 || !stop.Load(); round++ {
 		var err error
 		if w.decrypt {
 			err = w.open(w.first, w.dst, w.src)

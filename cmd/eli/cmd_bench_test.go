@@ -164,3 +164,24 @@ func TestBenchProgressOnTerminal(t *testing.T) {
 		t.Errorf("no table on the terminal: %q", shown)
 	}
 }
+
+// TestMeasureStoppedBeforeStart: with the time up before a worker first runs (a zero
+// duration stands for a loaded machine), each worker still does one round, so the rate
+// is a number, not zero.
+func TestMeasureStoppedBeforeStart(t *testing.T) {
+	for _, m := range []sector.Mode{sector.ModeNone, sector.ModeXChaCha20Poly1305} {
+		c, err := sector.New(sector.Params{Mode: m, SectorSize: 4096, Key: make([]byte, m.KeySize())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, decrypt := range []bool{false, true} {
+			rate, err := measure(c, 2, 0, decrypt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !(rate > 0) {
+				t.Errorf("%s decrypt=%v: rate %v after a zero duration", m, decrypt, rate)
+			}
+		}
+	}
+}
