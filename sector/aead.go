@@ -48,6 +48,8 @@ const polyKeySize = chacha.PolyKeySize
 // free of allocations (anything handed to an interface or assembly escapes).
 type aeadScratch struct {
 	ad       [adSize]byte
+	ads      [aeadChunk * adSize]byte // a chunk's additional data, sector by sector
+	tags     [aeadChunk * aeadTagSize]byte
 	nonces   [aeadChunk * aeadNonceSize]byte
 	subkeys  [aeadChunk * chacha.SubkeySize]byte
 	polyKeys [aeadChunk * polyKeySize]byte
@@ -69,6 +71,9 @@ func newAEAD(p Params) (Codec, error) {
 	c.scratch.New = func() any {
 		s := new(aeadScratch)
 		copy(s.ad[:], c.adPrefix[:])
+		for j := range aeadChunk {
+			copy(s.ads[j*adSize:], c.adPrefix[:])
+		}
 		return s
 	}
 	return c, nil
@@ -82,6 +87,15 @@ func (c *aeadCodec) MetaSize() int   { return aeadMetaSize }
 func (s *aeadScratch) clearKeys() {
 	clear(s.subkeys[:])
 	clear(s.polyKeys[:])
+}
+
+// chunkADs sets the sector indexes in the additional data of the k sectors from first
+// and returns it, adSize bytes per sector.
+func (s *aeadScratch) chunkADs(first uint64, k int) []byte {
+	for j := range k {
+		binary.LittleEndian.PutUint64(s.ads[j*adSize+adPrefixSize:], first+uint64(j))
+	}
+	return s.ads[:k*adSize]
 }
 
 // fallback returns the scratch buffer x/crypto's AEAD seals into and opens from.

@@ -106,10 +106,10 @@ func (c *aeadCodec) SealRunMeta(first uint64, dst, src, meta []byte) {
 		subkeys, keys := s.subkeys[:k*chacha.SubkeySize], s.polyKeys[:k*polyKeySize]
 		chacha.XAEADKeys(c.key, nonces, subkeys, keys)
 		chacha.XORKeyStreamSubkeys(subkeys, nonces, d, p)
+		tags := s.tags[:k*aeadTagSize]
+		poly1305.SumAEADMany(tags, keys, s.chunkADs(first+uint64(i), k), adSize, d, size)
 		for j := range k {
-			binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], first+uint64(i+j))
-			tag := (*[aeadTagSize]byte)(meta[(i+j)*aeadMetaSize+aeadNonceSize:])
-			poly1305.SumAEAD(tag, (*[polyKeySize]byte)(keys[j*polyKeySize:]), s.ad[:], d[j*size:(j+1)*size])
+			copy(meta[(i+j)*aeadMetaSize+aeadNonceSize:(i+j+1)*aeadMetaSize], tags[j*aeadTagSize:])
 		}
 	}
 	s.clearKeys()
@@ -144,12 +144,11 @@ func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
 		// place the ciphertext is gone afterwards.
 		subkeys, keys := s.subkeys[:k*chacha.SubkeySize], s.polyKeys[:k*polyKeySize]
 		chacha.XAEADKeys(c.key, nonces, subkeys, keys)
+		tags := s.tags[:k*aeadTagSize]
+		poly1305.SumAEADMany(tags, keys, s.chunkADs(first+uint64(i), k), adSize, p, size)
 		failed := 0
 		for j := range k {
-			binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], first+uint64(i+j))
-			var tag [aeadTagSize]byte
-			poly1305.SumAEAD(&tag, (*[polyKeySize]byte)(keys[j*polyKeySize:]), s.ad[:], p[j*size:(j+1)*size])
-			ok := subtle.ConstantTimeCompare(tag[:], meta[(i+j)*aeadMetaSize+aeadNonceSize:(i+j+1)*aeadMetaSize]) == 1
+			ok := subtle.ConstantTimeCompare(tags[j*aeadTagSize:(j+1)*aeadTagSize], meta[(i+j)*aeadMetaSize+aeadNonceSize:(i+j+1)*aeadMetaSize]) == 1
 			s.ok[j] = ok
 			if !ok {
 				failed++

@@ -1,4 +1,5 @@
-// Command asmgen writes ../poly1305_amd64.s, the AVX-512 IFMA Poly1305 kernel:
+// Command asmgen writes ../poly1305_amd64.s, the AVX-512 IFMA Poly1305 kernels (the
+// multi-message ones are in many.go):
 //
 //	cd poly1305/_asm && go run . -out ../poly1305_amd64.s
 //
@@ -199,6 +200,13 @@ func (g *gen) addChunk(h num) {
 	g.op("VPUNPCKLQDQ 64(SI), %s, %s", msgT, msgLo) // low 64 bits
 	g.op("ADDQ $128, SI")
 	g.op("SUBQ $128, CX")
+	g.addSplit(h)
+}
+
+// addSplit adds the blocks whose low and high 64 bits are in msgLo and msgHi (one block
+// per lane) to h, in radix 2^44 and with their 2^128 bit. It clobbers the message
+// registers.
+func (g *gen) addSplit(h num) {
 	g.op("VPANDQ %s, %s, %s", mask44, msgLo, msgT)
 	g.op("VPADDQ %s, %s, %s", msgT, h[0], h[0])
 	g.op("VPSRLQ $44, %s, %s", msgLo, msgLo)
@@ -288,12 +296,7 @@ func (g *gen) kernel() {
 	g.op("MOVQ tail+24(FP), R8")
 	g.op("XORQ CX, CX")
 
-	g.op("MOVQ $0xfffffffffff, BX")
-	g.op("VPBROADCASTQ BX, %s", mask44)
-	g.op("MOVQ $0x3ffffffffff, BX")
-	g.op("VPBROADCASTQ BX, %s", mask42)
-	g.op("MOVQ $0x10000000000, BX")
-	g.op("VPBROADCASTQ BX, %s", hibit)
+	g.constants()
 	const one, zero = "Z28", "Z29" // the number 1 (limb 0), and 0: setup only
 	g.op("MOVQ $1, BX")
 	g.op("VPBROADCASTQ BX, %s", one)
@@ -462,8 +465,23 @@ func (g *gen) kernel() {
 	if frameLen%64 != 0 {
 		g.op("VMOVDQU64 Z13, %d(SP)", frameLen-64)
 	}
-	// And the registers: ZMM16..31, then the rest whole (VZEROUPPER would keep the low
-	// 128 bits of ZMM0..15).
+	// And the registers.
+	g.wipeRet()
+}
+
+// constants loads the fixed registers mask44, mask42 and hibit.
+func (g *gen) constants() {
+	g.op("MOVQ $0xfffffffffff, BX")
+	g.op("VPBROADCASTQ BX, %s", mask44)
+	g.op("MOVQ $0x3ffffffffff, BX")
+	g.op("VPBROADCASTQ BX, %s", mask42)
+	g.op("MOVQ $0x10000000000, BX")
+	g.op("VPBROADCASTQ BX, %s", hibit)
+}
+
+// wipeRet zeroes every vector register and returns: ZMM16..31, then the rest whole
+// (VZEROUPPER would keep the low 128 bits of ZMM0..15).
+func (g *gen) wipeRet() {
 	for i := 16; i < 32; i++ {
 		g.op("VPXORQ Z%d, Z%d, Z%d", i, i, i)
 	}
@@ -483,6 +501,9 @@ func main() {
 	g.line(`#include "textflag.h"`)
 	g.line("")
 	g.kernel()
+	g.line("")
+	g.manyKernel(1)
+	g.manyKernel(2)
 	if err := os.WriteFile(*out, g.b.Bytes(), 0o644); err != nil {
 		log.Fatal(err)
 	}
