@@ -11,8 +11,8 @@ import (
 
 // TestKernelsWipeRegisters: every kernel leaves the vector registers it can use zero, since
 // they held key-derived state and keystream: all 32 for the AVX-512 kernels, the 16 of
-// AVX2 for the others (xorAVX2 and hchachaManyAVX2 also clear their stack frames, which
-// this test cannot see). Each kernel runs right after the registers were filled with a
+// AVX2 for the others (xorAVX2, xorAVX512W and hchachaManyAVX2 also clear their stack
+// frames, which this test cannot see). Each kernel runs right after the registers were filled with a
 // pattern, so a kernel that merely did not touch a register it could use fails too.
 func TestKernelsWipeRegisters(t *testing.T) {
 	if !vecregs.Supported {
@@ -38,6 +38,7 @@ func TestKernelsWipeRegisters(t *testing.T) {
 	}{
 		{"xorAVX2", cpu.X86.HasAVX2, 16, func() { xorAVX2(&st, &buf[0], &buf[0], 1024, 20, false) }},
 		{"xorAVX512", avx512, 32, func() { xorAVX512(&st, &pre, &buf[0], &buf[0], 2048, 20, true) }},
+		{"xorAVX512W", avx512, 32, func() { xorAVX512W(&st, &pre, &buf[0], &buf[0], 2048, 20, true) }},
 		{"xorAVX512VL8", avx512, 32, func() { xorAVX512VL8(&st, &buf[0], &buf[0], 1024, 20, false) }},
 		{"hchachaAVX2", cpu.X86.HasAVX2, 16, func() { hchachaAVX2(&st, &sub, 20) }},
 		{"hchachaAVX512", avx512, 32, func() { hchachaAVX512(&st, &sub, 20) }},

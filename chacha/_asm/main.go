@@ -16,6 +16,8 @@
 //     are byte shuffles (VPSHUFB), by 12 and 7 shift-shift-or.
 //   - xorAVX512: 16 blocks in ZMM registers, VPROLD rotates, nothing on the stack; the
 //     first column round's lane-invariant quarter rounds come precomputed from Go.
+//   - xorAVX512W: 32 blocks as two groups of 16 in all 32 ZMM registers, for twice the
+//     independent work in the rounds (wide.go).
 //   - xorAVX512VL8: the same in YMM registers (AVX-512VL), for 512-byte pieces, so a
 //     512-byte sector does not pay for 16 blocks.
 //   - hchachaAVX2, hchachaAVX512: one HChaCha permutation with the state in four XMM
@@ -95,6 +97,7 @@ func main() {
 	g.data()
 	g.avx2()
 	g.avx512()
+	g.avx512Wide()
 	g.avx512VL8()
 	g.hchacha("hchachaAVX2", false)
 	g.hchacha("hchachaAVX512", true)
@@ -126,8 +129,11 @@ func (g *gen) data() {
 		g.line("GLOBL %s<>(SB), (NOPTR+RODATA), $%d", name, 4*n)
 		g.line("")
 	}
-	// Lane offsets of the block counter.
+	// Lane offsets of the block counter (xorAVX512W: iota0 and iota16 for its groups).
 	dwords("iota", 16, func(i int) uint32 { return uint32(i) })
+	dwords("iota0", 16, func(i int) uint32 { return uint32(i) })
+	dwords("iota16", 16, func(i int) uint32 { return uint32(16 + i) })
+	dwords("one", 1, func(int) uint32 { return 1 })
 	// AVX2 has only a signed compare: flipping the sign bit of both sides turns it into
 	// the unsigned "lo+i < i" that detects a carry out of the low counter word.
 	dwords("iotasign", 8, func(i int) uint32 { return uint32(i) ^ 0x80000000 })
