@@ -366,21 +366,7 @@ func (g *gen) avx512() {
 	// computed once per call by the caller (columns 2 and 3, and column 1 unless ctr64,
 	// where word 13 is the counter's high half). They are the same in every lane, so
 	// each chunk starts from them and only column 0 (and 1) is computed per lane.
-	name := "xorAVX512"
-	g.line("// func %s(st, pre *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)", name)
-	g.line("TEXT ·%s(SB), NOSPLIT, $0-49", name)
-	g.op("MOVQ st+0(FP), AX")
-	g.op("MOVQ pre+8(FP), R9")
-	g.op("MOVQ dst+16(FP), DI")
-	g.op("MOVQ src+24(FP), SI")
-	g.op("MOVQ n+32(FP), CX")
-	g.op("MOVQ rounds+40(FP), DX")
-	g.op("SHRQ $1, DX")
-	g.op("MOVBLZX ctr64+48(FP), R10")
-	g.op("NEGL R10")
-	g.op("MOVL 48(AX), BX")
-	g.op("MOVL 52(AX), R8")
-	g.op("KMOVW R10, K2")
+	g.prologuePre("xorAVX512", 0)
 	g.op("VMOVDQU32 iota<>(SB), Z18")
 	g.op("VPTERNLOGD $0xff, Z19, Z19, Z19")
 	g.line("avx512_chunk:")
@@ -417,29 +403,59 @@ func (g *gen) avx512() {
 	g.op("JNZ avx512_round")
 	g.line("avx512_rounds_done:")
 	g.feedForward("Z")
-	t := [4]string{"Z20", "Z21", "Z22", "Z23"}
-	for grp := 0; grp < 4; grp++ {
-		g.transpose4([4]string{reg("Z", 4*grp), reg("Z", 4*grp+1), reg("Z", 4*grp+2), reg("Z", 4*grp+3)}, t)
+	g.xorOut16(0, [4]string{"Z20", "Z21", "Z22", "Z23"}, 0)
+	g.advance("avx512_chunk", 16, true, 0)
+}
+
+// prologuePre loads the arguments of the AVX-512 kernels that take pre (xorAVX512 and
+// xorAVX512W), with a stack frame of frame bytes, and the carry mask into K2.
+func (g *gen) prologuePre(name string, frame int) {
+	g.line("// func %s(st, pre *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)", name)
+	if frame > 0 {
+		g.line("TEXT ·%s(SB), 0, $%d-49", name, frame)
+		g.op("NO_LOCAL_POINTERS")
+	} else {
+		g.line("TEXT ·%s(SB), NOSPLIT, $0-49", name)
 	}
-	// Now Z(4g+k) lane L holds words 4g..4g+3 of block 4L+k. Gather the four lanes L of
+	g.op("MOVQ st+0(FP), AX")
+	g.op("MOVQ pre+8(FP), R9")
+	g.op("MOVQ dst+16(FP), DI")
+	g.op("MOVQ src+24(FP), SI")
+	g.op("MOVQ n+32(FP), CX")
+	g.op("MOVQ rounds+40(FP), DX")
+	g.op("SHRQ $1, DX")
+	g.op("MOVBLZX ctr64+48(FP), R10")
+	g.op("NEGL R10")
+	g.op("MOVL 48(AX), BX")
+	g.op("MOVL 52(AX), R8")
+	g.op("KMOVW R10, K2")
+}
+
+// xorOut16 puts the 16 word-sliced keystream blocks in Z(base)..Z(base+15) in block
+// order, with the four temporaries t, and XORs them with 1 KiB of src at off into dst.
+func (g *gen) xorOut16(base int, t [4]string, off int) {
+	z := func(w int) string { return reg("Z", base+w) }
+	for q := 0; q < 4; q++ {
+		g.transpose4([4]string{z(4 * q), z(4*q + 1), z(4*q + 2), z(4*q + 3)}, t)
+	}
+	// Now Z(4q+k) lane L holds words 4q..4q+3 of block 4L+k. Gather the four lanes L of
 	// Zk, Z(4+k), Z(8+k), Z(12+k) into block 4L+k (a 4×4 transpose of 128-bit lanes).
 	for k := 0; k < 4; k++ {
-		a, b, c, d := reg("Z", k), reg("Z", 4+k), reg("Z", 8+k), reg("Z", 12+k)
-		g.op("VSHUFI32X4 $0x44, %s, %s, Z20", b, a) // a0 a1 b0 b1
-		g.op("VSHUFI32X4 $0xee, %s, %s, Z21", b, a) // a2 a3 b2 b3
-		g.op("VSHUFI32X4 $0x44, %s, %s, Z22", d, c) // c0 c1 d0 d1
-		g.op("VSHUFI32X4 $0xee, %s, %s, Z23", d, c) // c2 c3 d2 d3
-		g.op("VSHUFI32X4 $0x88, Z22, Z20, %s", a)   // a0 b0 c0 d0: block k
-		g.op("VSHUFI32X4 $0xdd, Z22, Z20, %s", b)   // block 4+k
-		g.op("VSHUFI32X4 $0x88, Z23, Z21, %s", c)   // block 8+k
-		g.op("VSHUFI32X4 $0xdd, Z23, Z21, %s", d)   // block 12+k
+		a, b, c, d := z(k), z(4+k), z(8+k), z(12+k)
+		g.op("VSHUFI32X4 $0x44, %s, %s, %s", b, a, t[0])    // a0 a1 b0 b1
+		g.op("VSHUFI32X4 $0xee, %s, %s, %s", b, a, t[1])    // a2 a3 b2 b3
+		g.op("VSHUFI32X4 $0x44, %s, %s, %s", d, c, t[2])    // c0 c1 d0 d1
+		g.op("VSHUFI32X4 $0xee, %s, %s, %s", d, c, t[3])    // c2 c3 d2 d3
+		g.op("VSHUFI32X4 $0x88, %s, %s, %s", t[2], t[0], a) // a0 b0 c0 d0: block k
+		g.op("VSHUFI32X4 $0xdd, %s, %s, %s", t[2], t[0], b) // block 4+k
+		g.op("VSHUFI32X4 $0x88, %s, %s, %s", t[3], t[1], c) // block 8+k
+		g.op("VSHUFI32X4 $0xdd, %s, %s, %s", t[3], t[1], d) // block 12+k
 		for j, r := range []string{a, b, c, d} {
-			off := 64 * (4*j + k)
-			g.op("VPXORD %d(SI), %s, %s", off, r, r)
-			g.op("VMOVDQU32 %s, %d(DI)", r, off)
+			o := off + 64*(4*j+k)
+			g.op("VPXORD %d(SI), %s, %s", o, r, r)
+			g.op("VMOVDQU32 %s, %d(DI)", r, o)
 		}
 	}
-	g.advance("avx512_chunk", 16, true, 0)
 }
 
 // feedForward adds the input state: broadcast from st for the fixed words, the counter

@@ -14,22 +14,7 @@ import "fmt"
 const wideFrame = 256 // B's words 12..15 during A's output
 
 func (g *gen) avx512Wide() {
-	name := "xorAVX512W"
-	g.line("// func %s(st, pre *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)", name)
-	g.line("TEXT ·%s(SB), 0, $%d-49", name, wideFrame)
-	g.op("NO_LOCAL_POINTERS")
-	g.op("MOVQ st+0(FP), AX")
-	g.op("MOVQ pre+8(FP), R9")
-	g.op("MOVQ dst+16(FP), DI")
-	g.op("MOVQ src+24(FP), SI")
-	g.op("MOVQ n+32(FP), CX")
-	g.op("MOVQ rounds+40(FP), DX")
-	g.op("SHRQ $1, DX")
-	g.op("MOVBLZX ctr64+48(FP), R10")
-	g.op("NEGL R10")
-	g.op("MOVL 48(AX), BX")
-	g.op("MOVL 52(AX), R8")
-	g.op("KMOVW R10, K2")
+	g.prologuePre("xorAVX512W", wideFrame)
 	z := func(group, w int) string { return reg("Z", 16*group+w) }
 	// counters sets lo, hi to group's counter lanes: st[12]+16·group+i, and st[13] plus
 	// the carry out of the low word when ctr64.
@@ -112,8 +97,7 @@ func (g *gen) avx512Wide() {
 }
 
 // wideOutput finishes group grp of xorAVX512W: adds the input state back (the counter
-// lanes computed into two of the temporaries t), puts the keystream in block order and
-// XORs its 1 KiB of src into dst.
+// lanes computed into two of the temporaries t), then xorOut16.
 func (g *gen) wideOutput(grp int, t [4]string, counters func(int, string, string)) {
 	z := func(w int) string { return reg("Z", 16*grp+w) }
 	counters(grp, t[0], t[1])
@@ -127,23 +111,5 @@ func (g *gen) wideOutput(grp int, t [4]string, counters func(int, string, string
 			g.op("VPADDD.BCST %d(AX), %s, %s", 4*i, z(i), z(i))
 		}
 	}
-	for q := 0; q < 4; q++ {
-		g.transpose4([4]string{z(4 * q), z(4*q + 1), z(4*q + 2), z(4*q + 3)}, t)
-	}
-	for k := 0; k < 4; k++ {
-		a, b, c, d := z(k), z(4+k), z(8+k), z(12+k)
-		g.op("VSHUFI32X4 $0x44, %s, %s, %s", b, a, t[0])    // a0 a1 b0 b1
-		g.op("VSHUFI32X4 $0xee, %s, %s, %s", b, a, t[1])    // a2 a3 b2 b3
-		g.op("VSHUFI32X4 $0x44, %s, %s, %s", d, c, t[2])    // c0 c1 d0 d1
-		g.op("VSHUFI32X4 $0xee, %s, %s, %s", d, c, t[3])    // c2 c3 d2 d3
-		g.op("VSHUFI32X4 $0x88, %s, %s, %s", t[2], t[0], a) // a0 b0 c0 d0: block k
-		g.op("VSHUFI32X4 $0xdd, %s, %s, %s", t[2], t[0], b) // block 4+k
-		g.op("VSHUFI32X4 $0x88, %s, %s, %s", t[3], t[1], c) // block 8+k
-		g.op("VSHUFI32X4 $0xdd, %s, %s, %s", t[3], t[1], d) // block 12+k
-		for j, r := range []string{a, b, c, d} {
-			off := 1024*grp + 64*(4*j+k)
-			g.op("VPXORD %d(SI), %s, %s", off, r, r)
-			g.op("VMOVDQU32 %s, %d(DI)", r, off)
-		}
-	}
+	g.xorOut16(16*grp, t, 1024*grp)
 }
