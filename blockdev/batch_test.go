@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -194,5 +195,60 @@ func TestFullBatchesRecycleSlabs(t *testing.T) {
 		if made > bound {
 			t.Fatalf("after %d loads %d slabs made, more than two batches' worth (%d)", k+1, made, bound)
 		}
+	}
+}
+
+// slowSync is a provider whose syncs take delay, like a disk's cache flush.
+type slowSync struct {
+	*memProvider
+	delay time.Duration
+}
+
+func (p slowSync) Sync() error { time.Sleep(p.delay); return nil }
+
+// TestBatchLimitFollowsSyncCost: batches may grow to MaxBatchBytes where syncs are slow
+// (they amortize them) and stay at four times CommitBytes where syncs are free (they
+// stay in cache).
+func TestBatchLimitFollowsSyncCost(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration
+		want  func(d *Device) int64
+	}{
+		{"free syncs", 0, func(d *Device) int64 { return d.batchFloor }},
+		{"5 ms syncs", 5 * time.Millisecond, func(d *Device) int64 { return d.maxBatch }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := newTestVol(t, sector.ModeXChaCha20Poly1305, 4096, 1<<12) // 16 MiB
+			v.cfg.MaxBatchBytes = 8 << 20
+			v.cfg.CommitBytes = 512 << 10
+			var p provider.Provider = v.mem
+			if tc.delay > 0 {
+				p = slowSync{v.mem, tc.delay}
+			}
+			d, err := Open(p, v.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			if d.batchFloor != 2<<20 {
+				t.Fatalf("batch floor %d, want 4·CommitBytes", d.batchFloor)
+			}
+			buf := bytes.Repeat([]byte{7}, 1<<20)
+			for k := range 32 {
+				if err := d.WriteAt(buf, int64(k%16)<<20, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := d.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			d.mu.Lock()
+			limit := d.limit
+			d.mu.Unlock()
+			if want := tc.want(d); limit != want {
+				t.Fatalf("batch limit %d after a commit, want %d", limit, want)
+			}
+		})
 	}
 }

@@ -48,7 +48,10 @@ func (d *Device) committer() {
 		d.mu.Unlock()
 
 		d.commitMu.Lock()
+		start := time.Now()
+		d.syncTime = 0
 		err := d.commit(b)
+		took := time.Since(start)
 		d.commitMu.Unlock()
 
 		d.mu.Lock()
@@ -63,6 +66,7 @@ func (d *Device) committer() {
 			return
 		}
 		d.committing = nil
+		d.adaptLimit(b.bytes, took, d.syncTime)
 		d.durable = b.seq
 		d.cond.Broadcast()
 		b.entries.reset(d.slabs)
@@ -70,6 +74,30 @@ func (d *Device) committer() {
 		d.spare = b
 		d.mu.Unlock()
 	}
+}
+
+// timedSync is sync for the commit path (and recovery), adding its duration to syncTime.
+func (d *Device) timedSync() error {
+	start := time.Now()
+	err := d.sync()
+	d.syncTime += time.Since(start)
+	return err
+}
+
+// adaptLimit sets how far the pending batch may grow (limit, between batchFloor and
+// MaxBatchBytes) from the commit of bytes that just took took, syncTime of it syncing.
+// Larger batches only pay for themselves where syncs are slow: a commit writes its data
+// at some speed w and waits about syncTime regardless of size, so a batch of 9·syncTime·w
+// keeps the syncs to a tenth of the time. Where they are quick (tmpfs, a disk with a
+// write cache), batches stay small, and so does the memory they cycle through: sealing
+// into slabs that are still in cache measured 3.4 GB/s against 3.1 into slabs 16 MiB
+// apart (one Zen 4 core), the difference between a 4 and a 16 MiB batch on /dev/shm.
+func (d *Device) adaptLimit(bytes int64, took, syncTime time.Duration) {
+	want := d.maxBatch
+	if busy := took - syncTime; busy > 0 {
+		want = int64(9 * float64(bytes) * float64(syncTime) / float64(busy))
+	}
+	d.limit = min(d.maxBatch, max(d.batchFloor, want))
 }
 
 func (d *Device) newBatchLocked(seq uint64) *batch {
@@ -178,7 +206,7 @@ func (d *Device) writeJournal(entries []journalEntry) error {
 	if _, err := d.p.WriteAt(buf, d.l.JournalOffset()); err != nil {
 		return fmt.Errorf("write journal: %w", err)
 	}
-	return d.sync()
+	return d.timedSync()
 }
 
 // writeData writes the ciphertext of the round's sectors refs, one WriteAt per run of sectors
@@ -255,5 +283,5 @@ func (d *Device) writeBlocks(blocks []*mblock) error {
 			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
 		}
 	}
-	return d.sync()
+	return d.timedSync()
 }

@@ -43,7 +43,7 @@ const (
 	DefaultCacheBytes     = 64 << 20
 	DefaultCommitInterval = 100 * time.Millisecond
 	DefaultMaxBatchBytes  = 16 << 20
-	DefaultCommitBytes    = 4 << 20
+	DefaultCommitBytes    = 1 << 20
 )
 
 // Config is what Open needs besides the provider.
@@ -65,7 +65,9 @@ type Config struct {
 	CommitInterval time.Duration
 	// MaxBatchBytes bounds the sealed data waiting for a commit; writers wait beyond it
 	// (DefaultMaxBatchBytes when 0, at least one slab of 1 MiB). Memory for batches,
-	// including idle slabs kept for reuse, is at most about four times this.
+	// including idle slabs kept for reuse, is at most about four times this. Batches
+	// grow that large only where syncs are slow: where they are quick the bound is four
+	// times CommitBytes (see adaptLimit).
 	MaxBatchBytes int64
 	// CommitBytes: a pending batch this large is committed at once
 	// (DefaultCommitBytes when 0, at most MaxBatchBytes). While a commit runs, the next
@@ -122,6 +124,7 @@ type Device struct {
 	slabs       *slabPool
 	overrides   map[uint64]record // read-only recovery in memory; immutable after Open
 	maxBatch    int64
+	batchFloor  int64 // the least limit: 4·commitBytes, within maxBatch
 	commitBytes int64 // a batch this large is committed at once (see Config.CommitBytes)
 	interval    time.Duration
 	epoch       time.Time
@@ -136,6 +139,7 @@ type Device struct {
 	started    uint64 // seq of the newest batch that began committing
 	durable    uint64 // seq of the newest batch whose commit completed
 	reserved   int64  // bytes writers are sealing for the pending batch
+	limit      int64  // pending plus reserved bytes beyond which writers wait (adaptLimit)
 	blocked    int    // writers waiting for room in the pending batch
 	urgent     bool   // a Flush or FUA waits for the pending batch
 	stopping   bool
@@ -145,6 +149,7 @@ type Device struct {
 	commitMu   sync.Mutex // held by the committer for a whole commit
 
 	// Committer-only state.
+	syncTime time.Duration // spent in syncs by the commit under way
 	dataOps  []dataOp
 	sortBuf  []ref // a batch's sectors in index order
 	jentries []journalEntry
@@ -250,6 +255,8 @@ func (d *Device) openAuthenticated(cfg Config) error {
 		d.commitBytes = DefaultCommitBytes
 	}
 	d.commitBytes = min(d.commitBytes, d.maxBatch)
+	d.batchFloor = min(d.maxBatch, 4*d.commitBytes)
+	d.limit = d.maxBatch // until a commit shows what syncs cost
 	d.interval = cfg.CommitInterval
 	if d.interval <= 0 {
 		d.interval = DefaultCommitInterval

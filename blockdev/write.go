@@ -147,7 +147,7 @@ func (d *Device) reserve(cost int64) error {
 			return d.failed
 		}
 		used := d.pending.bytes + d.reserved
-		if used == 0 || used+cost <= d.maxBatch {
+		if used == 0 || used+cost <= d.limit {
 			d.reserved += cost
 			return nil
 		}
