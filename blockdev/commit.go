@@ -90,8 +90,9 @@ func (d *Device) timedSync() error {
 // at some speed w and waits about syncTime regardless of size, so a batch of 9·syncTime·w
 // keeps the syncs to a tenth of the time. Where they are quick (tmpfs, a disk with a
 // write cache), batches stay small, and so does the memory they cycle through: sealing
-// into slabs that are still in cache measured 3.4 GB/s against 3.1 into slabs 16 MiB
-// apart (one Zen 4 core), the difference between a 4 and a 16 MiB batch on /dev/shm.
+// into a 4 MiB ring runs at 3.4 GB/s, into a 64 MiB one at 2.95 (one Zen 4 core,
+// sector's BenchmarkSealRunDestination); on /dev/shm a 4 rather than 16 MiB bound took
+// writes from 3.3–3.55 to 3.75–3.8 GB/s.
 func (d *Device) adaptLimit(bytes int64, took, syncTime time.Duration) {
 	want := d.maxBatch
 	if busy := took - syncTime; busy > 0 {
