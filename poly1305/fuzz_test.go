@@ -32,3 +32,27 @@ func FuzzSumAEAD(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSumAEADMany compares every path's SumAEADMany with x/crypto, message by message,
+// for a message count, ad and ct length drawn from the input, keys and data expanded
+// from seed bytes.
+func FuzzSumAEADMany(f *testing.F) {
+	f.Add(uint8(16), uint8(42), uint16(4096), []byte{1, 2, 3})
+	f.Add(uint8(8), uint8(0), uint16(16), []byte{0xff})
+	f.Add(uint8(24), uint8(64), uint16(512), bytes.Repeat([]byte{0xff}, 64))
+	f.Add(uint8(17), uint8(65), uint16(100), []byte{})
+	f.Fuzz(func(t *testing.T, n, adLen uint8, ctLen uint16, seed []byte) {
+		count, al, cl := int(n%41), int(adLen%80), int(ctLen%4200)
+		fill := func(k int) []byte {
+			b := make([]byte, k)
+			for i := range b {
+				b[i] = byte(i*131 + 7)
+				if len(seed) > 0 {
+					b[i] ^= seed[i%len(seed)]
+				}
+			}
+			return b
+		}
+		checkManyPaths(t, "fuzz", fill(32*count), fill(al*count), al, fill(cl*count), cl)
+	})
+}
