@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,4 +252,44 @@ func TestBatchLimitFollowsSyncCost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLargeTrimAmidWrites: a trim far larger than a batch goes through in pieces while
+// other clients keep writing. Each piece must fit the batch bound at its smallest
+// (4·CommitBytes, where syncs are free), or it would wait for a moment with nothing
+// pending and nothing reserved, which steady writers may never leave.
+func TestLargeTrimAmidWrites(t *testing.T) {
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, 1<<17) // 64 MiB of 512-byte sectors
+	d := v.open(t)
+	defer d.Close()
+	if err := d.Flush(); err != nil { // a commit, so that the bound has adapted
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			buf := bytes.Repeat([]byte{byte(w + 1)}, 1<<20)
+			for k := 0; !stop.Load(); k++ {
+				if err := d.WriteAt(buf, int64(w*8+k%8)<<20, 0); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Trim(32<<20, 32<<20, 0) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("a 32 MiB trim did not get through 20 s of steady writes")
+		stop.Store(true)
+		<-done
+	}
+	stop.Store(true)
+	wg.Wait()
 }

@@ -67,7 +67,7 @@ type Config struct {
 	// (DefaultMaxBatchBytes when 0, at least one slab of 1 MiB). Memory for batches,
 	// including idle slabs kept for reuse, is at most about four times this. Batches
 	// grow that large only where syncs are slow: where they are quick the bound is four
-	// times CommitBytes (see adaptLimit).
+	// times CommitBytes, and at least two 1 MiB slabs (see adaptLimit).
 	MaxBatchBytes int64
 	// CommitBytes: a pending batch this large is committed at once
 	// (DefaultCommitBytes when 0, at most MaxBatchBytes). While a commit runs, the next
@@ -124,7 +124,7 @@ type Device struct {
 	slabs       *slabPool
 	overrides   map[uint64]record // read-only recovery in memory; immutable after Open
 	maxBatch    int64
-	batchFloor  int64 // the least limit: 4·commitBytes, within maxBatch
+	batchFloor  int64 // the least limit: 4·commitBytes and two slabs, within maxBatch
 	commitBytes int64 // a batch this large is committed at once (see Config.CommitBytes)
 	interval    time.Duration
 	epoch       time.Time
@@ -255,7 +255,8 @@ func (d *Device) openAuthenticated(cfg Config) error {
 		d.commitBytes = DefaultCommitBytes
 	}
 	d.commitBytes = min(d.commitBytes, d.maxBatch)
-	d.batchFloor = min(d.maxBatch, 4*d.commitBytes)
+	// At least two slabs, so that a whole-slab write finds room while a batch is open.
+	d.batchFloor = min(d.maxBatch, max(4*d.commitBytes, int64(2*d.pieceSectors*d.s)))
 	d.limit = d.maxBatch // until a commit shows what syncs cost
 	d.interval = cfg.CommitInterval
 	if d.interval <= 0 {

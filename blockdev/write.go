@@ -70,7 +70,9 @@ func (d *Device) writePartial(i uint64, o int, part []byte) (uint64, error) {
 
 // zeroWhole gives sectors [first, first+n) a zero record, in pieces that fit a batch.
 func (d *Device) zeroWhole(first, n uint64, punch bool) (uint64, error) {
-	piece := uint64(max(1, d.maxBatch/zeroEntryCost/2))
+	// Pieces of half the smallest batch bound: each one finds room whenever the pending
+	// batch is at most half full, however small the bound has adapted to be.
+	piece := uint64(max(1, d.batchFloor/zeroEntryCost/2))
 	var seq uint64
 	for n > 0 {
 		k := min(n, piece)
