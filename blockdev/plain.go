@@ -15,7 +15,7 @@ import (
 
 func (d *Device) plainReadSectors(dst []byte, first uint64, n int) error {
 	// Each chunk is read and decrypted by one worker, while it is in that core's cache.
-	return d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+	return d.workers.runRead(n, d.chunkSectors, func(lo, hi int) error {
 		chunk := dst[lo*d.s : hi*d.s]
 		if _, err := d.p.ReadAt(chunk, d.geo.dataPos(first+uint64(lo))); err != nil {
 			return fmt.Errorf("read sectors %d-%d: %w", first+uint64(lo), first+uint64(hi-1), err)

@@ -99,7 +99,7 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 			// Each chunk reads its sectors from the provider and opens them at once, while
 			// they are still in this core's cache; a failure to open is only noted here,
 			// since a commit may have rewritten the sector under the read.
-			err = d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
+			err = d.workers.runRead(n, d.chunkSectors, func(lo, hi int) error {
 				bad, err := d.readOpen(dst, first, src, recs, lo, hi)
 				rs.noteBad(bad)
 				return err

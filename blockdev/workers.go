@@ -1,8 +1,10 @@
 package blockdev
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // workers is a fixed pool of goroutines that seal and open the chunks of large requests.
@@ -16,6 +18,7 @@ type workers struct {
 }
 
 type task struct {
+	spin   bool // the workers poll for the next task a while before they park
 	fn     func(lo, hi int) error
 	n      int
 	chunk  int
@@ -30,8 +33,14 @@ func newWorkers(n int) *workers {
 	w := &workers{jobs: make(chan *task, n), n: n}
 	for range n {
 		w.wg.Go(func() {
-			for t := range w.jobs {
+			t, ok := <-w.jobs
+			for ok {
 				t.work()
+				if t.spin {
+					t, ok = w.poll()
+				} else {
+					t, ok = <-w.jobs
+				}
 			}
 		})
 	}
@@ -43,16 +52,51 @@ func (w *workers) stop() {
 	w.wg.Wait()
 }
 
+// spinFor is how long a worker that finished a read keeps looking for the next task
+// before it parks. A reader that issues one request at a time sends the next within
+// microseconds, while a parked thread takes longer than that to wake on a VM, and the
+// request waits for it with one core idle. Writes do not spin: there the pool's cores
+// are better left to the caller and the committer. Measured (blockdev's DeviceVsRaw,
+// alternating runs): sequential reads one request at a time went from 0.67–0.75 to
+// 0.78–0.80 of the raw cipher, four at a time unchanged; spinning after writes as well
+// cost writes one at a time up to 30%.
+const spinFor = 30 * time.Microsecond
+
+// poll waits for the next task, spinning (and yielding to other goroutines) for spinFor
+// before it blocks.
+func (w *workers) poll() (*task, bool) {
+	deadline := time.Now().Add(spinFor)
+	for time.Now().Before(deadline) {
+		select {
+		case t, ok := <-w.jobs:
+			return t, ok
+		default:
+			runtime.Gosched()
+		}
+	}
+	t, ok := <-w.jobs
+	return t, ok
+}
+
 // run calls fn on [0, n) split into chunks of at most chunk items, in parallel, and
 // returns the error of the lowest chunk that failed.
 func (w *workers) run(n, chunk int, fn func(lo, hi int) error) error {
+	return w.start(n, chunk, fn, false)
+}
+
+// runRead is run for reads: the workers spin for the next task afterwards (spinFor).
+func (w *workers) runRead(n, chunk int, fn func(lo, hi int) error) error {
+	return w.start(n, chunk, fn, true)
+}
+
+func (w *workers) start(n, chunk int, fn func(lo, hi int) error, spin bool) error {
 	chunks := (n + chunk - 1) / chunk
 	if chunks <= 1 || w.n == 0 {
 		return fn(0, n)
 	}
 	// A task is not reused: a worker may pick it up after the caller has returned and
 	// still touch its counter.
-	t := &task{fn: fn, n: n, chunk: chunk}
+	t := &task{fn: fn, n: n, chunk: chunk, spin: spin}
 	t.done.Add(chunks)
 	for range min(w.n, chunks-1) {
 		select {
