@@ -90,7 +90,7 @@ type entry struct {
 // data is the entry's ciphertext.
 func (e *entry) data(s int) []byte { return e.slab.buf[e.off : int(e.off)+s] }
 
-// zeroEntryCost is what a zero entry counts against MaxBatchBytes: its share of the map,
+// zeroEntryCost is what a zero entry counts against the batch bound: its share of the index,
 // of the journal buffer and of the sort, so that a trim of a whole disk is committed in
 // bounded pieces like any write.
 const zeroEntryCost = 128
@@ -100,8 +100,13 @@ const zeroEntryCost = 128
 type batch struct {
 	seq     uint64 // commit order; Flush waits for the batch it needs by this number
 	entries sectorMap
-	bytes   int64 // counted against MaxBatchBytes
+	bytes   int64 // of sealed data and zero entries (see cost)
 	first   int64 // monotonic nanoseconds of the first write, for CommitInterval
 }
 
 func (b *batch) empty() bool { return b.entries.len() == 0 }
+
+// cost is what b counts against the batch bound: its data and zero entries, and its
+// index's spans, so that scattered one-sector writes or trims (a span each) keep a batch's
+// memory within the bound too.
+func (b *batch) cost() int64 { return b.bytes + int64(b.entries.spanCount())*spanCost }

@@ -38,7 +38,7 @@ func TestSectorMapModel(t *testing.T) {
 			for k := range n {
 				i := first + uint64(k)
 				e := entry{slab: sl, off: int32(k * 512), rec: record{byte(round), byte(k), byte(n)}}
-				old, replaced, _ := m.put(i, e)
+				old, replaced := m.put(i, e)
 				if prev, ok := model[i]; ok != replaced || (ok && old != prev) {
 					t.Fatalf("put %d: replaced %v %+v, model %v %+v", i, replaced, old, ok, prev)
 				}
@@ -107,7 +107,7 @@ func TestScatteredTrimsBounded(t *testing.T) {
 		}
 		d.mu.Lock()
 		b := d.pending
-		bytes, n := b.bytes, b.entries.len()
+		bytes, n := b.cost(), b.entries.len()
 		d.mu.Unlock()
 		if want := int64(n) * (zeroEntryCost + spanCost); bytes != want {
 			t.Fatalf("after %d trims the pending batch counts %d bytes for %d entries, want %d", k+1, bytes, n, want)

@@ -24,7 +24,7 @@ func (d *Device) committer() {
 			b := d.pending
 			if !b.empty() {
 				wait := d.interval - time.Duration(d.now()-b.first)
-				if d.urgent || d.stopping || d.blocked > 0 || b.bytes >= d.commitBytes || wait <= 0 {
+				if d.urgent || d.stopping || d.blocked > 0 || b.cost() >= d.commitBytes || wait <= 0 {
 					break
 				}
 				timer.Reset(wait)

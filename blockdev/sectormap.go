@@ -21,9 +21,8 @@ const (
 	maxFreeSpans = 1024
 )
 
-// spanCost is what a span counts against MaxBatchBytes, with its share of the map and of
-// the key list, so that scattered one-sector writes or trims (one span each) keep a
-// batch's memory within its bound too.
+// spanCost is what a span counts against the batch bound (batch.cost), with its share of
+// the map and of the key list.
 const spanCost = int64(unsafe.Sizeof(span{})) + 64
 
 type span struct {
@@ -53,6 +52,9 @@ type sectorMap struct {
 
 func (m *sectorMap) len() int { return m.n }
 
+// spanCount is how many spans m holds.
+func (m *sectorMap) spanCount() int { return len(m.keys) }
+
 // spanAt is the span that would hold sector i, or nil (also when m is nil).
 func (m *sectorMap) spanAt(i uint64) *span {
 	if m == nil || m.n == 0 {
@@ -63,9 +65,8 @@ func (m *sectorMap) spanAt(i uint64) *span {
 
 func (m *sectorMap) get(i uint64) (*entry, bool) { return m.spanAt(i).at(i) }
 
-// put makes e sector i's entry. It returns the entry replaced, if any, and whether a span
-// was created.
-func (m *sectorMap) put(i uint64, e entry) (old entry, replaced, grew bool) {
+// put makes e sector i's entry. It returns the entry replaced, if any.
+func (m *sectorMap) put(i uint64, e entry) (old entry, replaced bool) {
 	key := i >> spanShift
 	sp := m.last
 	if sp == nil || m.lastKey != key {
@@ -82,7 +83,6 @@ func (m *sectorMap) put(i uint64, e entry) (old entry, replaced, grew bool) {
 			}
 			m.spans[key] = sp
 			m.keys = append(m.keys, key)
-			grew = true
 		}
 		m.lastKey, m.last = key, sp
 	}
@@ -94,7 +94,7 @@ func (m *sectorMap) put(i uint64, e entry) (old entry, replaced, grew bool) {
 		m.n++
 	}
 	sp.e[j] = e
-	return old, replaced, grew
+	return old, replaced
 }
 
 // ref is a sector of a batch and its entry, which stays put until the batch is reset.

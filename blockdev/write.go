@@ -83,11 +83,10 @@ func (d *Device) zeroWhole(first, n uint64, punch bool) (uint64, error) {
 		d.locks.lock(first, k)
 		d.mu.Lock()
 		b := d.pending
-		var spans int64
 		for x := range k {
-			spans += d.replaceLocked(b, first+x, entry{punch: punch})
+			d.replaceLocked(b, first+x, entry{punch: punch})
 		}
-		seq = d.addedLocked(b, cost, spans*spanCost)
+		seq = d.addedLocked(b, cost)
 		d.mu.Unlock()
 		d.locks.unlock(first, k)
 		first, n = first+k, n-k
@@ -101,36 +100,29 @@ func (d *Device) insert(first uint64, n int, sl *slab, recs []record, cost int64
 	defer d.mu.Unlock()
 	b := d.pending
 	sl.refs.Add(int32(n))
-	var spans int64
 	for k := range n {
-		spans += d.replaceLocked(b, first+uint64(k), entry{slab: sl, off: int32(k * d.s), rec: recs[k]})
+		d.replaceLocked(b, first+uint64(k), entry{slab: sl, off: int32(k * d.s), rec: recs[k]})
 	}
-	return d.addedLocked(b, cost, spans*spanCost)
+	return d.addedLocked(b, cost)
 }
 
-// replaceLocked makes e sector i's entry in b and returns how many spans that created.
-func (d *Device) replaceLocked(b *batch, i uint64, e entry) int64 {
-	old, replaced, grew := b.entries.put(i, e)
-	if replaced && old.slab != nil {
+// replaceLocked makes e sector i's entry in b.
+func (d *Device) replaceLocked(b *batch, i uint64, e entry) {
+	if old, replaced := b.entries.put(i, e); replaced && old.slab != nil {
 		d.slabs.release(old.slab)
 	}
-	if grew {
-		return 1
-	}
-	return 0
 }
 
-// addedLocked accounts for cost bytes moved from the reservation into batch b, and extra
-// bytes of its index beyond any reservation, and wakes the committer when the batch
-// starts or fills.
-func (d *Device) addedLocked(b *batch, cost, extra int64) uint64 {
+// addedLocked accounts for cost bytes moved from the reservation into batch b and wakes
+// the committer when the batch starts or fills.
+func (d *Device) addedLocked(b *batch, cost int64) uint64 {
 	d.reserved -= cost
 	if b.bytes == 0 {
 		b.first = d.now()
 		d.poke()
 	}
-	b.bytes += cost + extra
-	if b.bytes >= d.commitBytes {
+	b.bytes += cost
+	if b.cost() >= d.commitBytes {
 		d.poke()
 	}
 	return b.seq
@@ -148,7 +140,7 @@ func (d *Device) reserve(cost int64) error {
 		if d.failed != nil {
 			return d.failed
 		}
-		used := d.pending.bytes + d.reserved
+		used := d.pending.cost() + d.reserved
 		if used == 0 || used+cost <= d.limit {
 			d.reserved += cost
 			return nil

@@ -150,19 +150,30 @@ func hashIFMA(buf []byte, key *[32]byte, ad, ct []byte, lengths bool) (h0, h1, h
 	st.kT = lanesBelow[8-t]
 	st.pk = uint64(laneOf(8 - t))
 
-	r0 := binary.LittleEndian.Uint64(key[0:8]) & 0x0ffffffc0fffffff // RFC 8439 §2.5.1's clamp
-	r1 := binary.LittleEndian.Uint64(key[8:16]) & 0x0ffffffc0ffffffc
-	st.r = [3]uint64{r0 & mask44, (r0>>44 | r1<<20) & mask44, r1 >> 24}
+	st.r = rLimbs(key)
 	polyIFMA(&st, &segs, regular, &tail[0])
 	// h = h[0] + h[1]·2^44 + h[2]·2^88; then fold the bits above 2^130 (2^130 ≡ 5).
-	var c uint64
-	h0, c = bits.Add64(st.h[0], st.h[1]<<44, 0)
-	h1, c = bits.Add64(st.h[1]>>20, st.h[2]<<24, c)
-	h2 = st.h[2]>>40 + c
+	h0, h1, h2 = join44(st.h[0], st.h[1], st.h[2])
 	top := h2 >> 2
+	var c uint64
 	h0, c = bits.Add64(h0, top*5, 0)
 	h1, c = bits.Add64(h1, 0, c)
 	return h0, h1, h2&3 + c
+}
+
+// rLimbs is key's r, clamped as RFC 8439 §2.5.1 says, in radix 2^44.
+func rLimbs(key *[32]byte) [3]uint64 {
+	r0 := binary.LittleEndian.Uint64(key[0:8]) & 0x0ffffffc0fffffff
+	r1 := binary.LittleEndian.Uint64(key[8:16]) & 0x0ffffffc0ffffffc
+	return [3]uint64{r0 & mask44, (r0>>44 | r1<<20) & mask44, r1 >> 24}
+}
+
+// join44 is l0 + l1·2^44 + l2·2^88 as 64-bit words h0, h1, h2 (l0, l1 < 2^48 and
+// l2 < 2^48, so h2 < 2^8).
+func join44(l0, l1, l2 uint64) (h0, h1, h2 uint64) {
+	h0, c := bits.Add64(l0, l1<<44, 0)
+	h1, c = bits.Add64(l1>>20, l2<<24, c)
+	return h0, h1, l2>>40 + c
 }
 
 // finish writes (h mod 2^130−5) + s mod 2^128 to tag, s being key[16:32]; h2 ≤ 7.

@@ -2,10 +2,7 @@
 
 package poly1305
 
-import (
-	"encoding/binary"
-	"math/bits"
-)
+import "encoding/binary"
 
 // manyState is the multi-message kernels' argument block: its offsets are fixed in
 // _asm/many.go (TestManyStateLayout checks them). Lane laneOf(k) of every vector
@@ -47,10 +44,7 @@ func manyIFMA(groups int, tags, keys, ads []byte, adLen int, cts []byte, ctLen i
 	n := 8 * groups
 	for i := range n {
 		g, l := i/8, laneOf(i%8)
-		key := keys[32*i : 32*i+32]
-		r0 := binary.LittleEndian.Uint64(key[0:8]) & 0x0ffffffc0fffffff // RFC 8439 §2.5.1's clamp
-		r1 := binary.LittleEndian.Uint64(key[8:16]) & 0x0ffffffc0ffffffc
-		limbs := [3]uint64{r0 & mask44, (r0>>44 | r1<<20) & mask44, r1 >> 24}
+		limbs := rLimbs((*[32]byte)(keys[32*i:]))
 		st.r[g][0][l], st.r[g][1][l], st.r[g][2][l] = limbs[0], limbs[1], limbs[2]
 		st.r[g][3][l], st.r[g][4][l] = 20*limbs[1], 20*limbs[2]
 		ad := ads[adLen*i : adLen*(i+1)]
@@ -74,10 +68,8 @@ func manyIFMA(groups int, tags, keys, ads []byte, adLen int, cts []byte, ctLen i
 	}
 	for i := range n {
 		g, l := i/8, laneOf(i%8)
-		// h = h[0] + h[1]·2^44 + h[2]·2^88 (h0 < 2^44, h1 < 2^44+2^12, h2 < 2^42).
-		h0, c := bits.Add64(st.h[g][0][l], st.h[g][1][l]<<44, 0)
-		h1, c := bits.Add64(st.h[g][1][l]>>20, st.h[g][2][l]<<24, c)
-		h2 := st.h[g][2][l]>>40 + c
+		// Limbs below 2^44, 2^44+2^12 and 2^42 join to h2 ≤ 4, as finish needs.
+		h0, h1, h2 := join44(st.h[g][0][l], st.h[g][1][l], st.h[g][2][l])
 		finish((*[16]byte)(tags[16*i:]), (*[32]byte)(keys[32*i:]), h0, h1, h2)
 	}
 	st = manyState{} // one-time keys

@@ -47,7 +47,6 @@ const polyKeySize = chacha.PolyKeySize
 // which appends its tag. Keeping them here rather than on the stack keeps Seal and Open
 // free of allocations (anything handed to an interface or assembly escapes).
 type aeadScratch struct {
-	ad       [adSize]byte
 	ads      [aeadChunk * adSize]byte // a chunk's additional data, sector by sector
 	tags     [aeadChunk * aeadTagSize]byte
 	nonces   [aeadChunk * aeadNonceSize]byte
@@ -70,7 +69,6 @@ func newAEAD(p Params) (Codec, error) {
 	binary.LittleEndian.PutUint32(c.adPrefix[n+1:], uint32(p.SectorSize))
 	c.scratch.New = func() any {
 		s := new(aeadScratch)
-		copy(s.ad[:], c.adPrefix[:])
 		for j := range aeadChunk {
 			copy(s.ads[j*adSize:], c.adPrefix[:])
 		}

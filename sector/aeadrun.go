@@ -3,7 +3,6 @@ package sector
 import (
 	"crypto/rand"
 	"crypto/subtle"
-	"encoding/binary"
 	"fmt"
 	"strings"
 
@@ -177,9 +176,8 @@ func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
 
 // sealXCrypto seals one sector with x/crypto's AEAD, whose nonce is already in meta.
 func (c *aeadCodec) sealXCrypto(s *aeadScratch, index uint64, dst, src, meta []byte) {
-	binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], index)
 	tmp := s.fallback(c.size)
-	out := c.aead.Seal(tmp[:0], meta[:aeadNonceSize], src, s.ad[:])
+	out := c.aead.Seal(tmp[:0], meta[:aeadNonceSize], src, s.chunkADs(index, 1))
 	copy(dst, out[:c.size])
 	copy(meta[aeadNonceSize:], out[c.size:])
 }
@@ -188,11 +186,10 @@ func (c *aeadCodec) sealXCrypto(s *aeadScratch, index uint64, dst, src, meta []b
 // ciphertext: both go to scratch, and the plaintext straight into dst. It reports
 // whether the sector was authentic; x/crypto zeroes its output when it was not.
 func (c *aeadCodec) openXCrypto(s *aeadScratch, index uint64, dst, src, meta []byte) bool {
-	binary.LittleEndian.PutUint64(s.ad[adPrefixSize:], index)
 	tmp := s.fallback(c.size)
 	copy(tmp, src)
 	copy(tmp[c.size:], meta[aeadNonceSize:])
-	_, err := c.aead.Open(dst[:0], meta[:aeadNonceSize], tmp, s.ad[:])
+	_, err := c.aead.Open(dst[:0], meta[:aeadNonceSize], tmp, s.chunkADs(index, 1))
 	return err == nil
 }
 

@@ -152,22 +152,31 @@ const (
 	avx2Frame = 768 + 32 // + alignment slack
 )
 
-func (g *gen) prologue(name string, frame int) {
-	g.line("// func %s(st *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)", name)
+// prologue loads a keystream kernel's arguments. With pre the kernel takes a second
+// state pointer after st (xorAVX512, xorAVX512W), and the arguments behind it move by 8.
+func (g *gen) prologue(name string, frame int, pre bool) {
+	args, size, shift := "st *[16]uint32", 41, 0
+	if pre {
+		args, size, shift = "st, pre *[16]uint32", 49, 8
+	}
+	g.line("// func %s(%s, dst, src *byte, n int, rounds int, ctr64 bool)", name, args)
 	if frame > 0 {
 		// Too big for NOSPLIT: take the usual stack check. The frame holds no pointers.
-		g.line("TEXT ·%s(SB), 0, $%d-41", name, frame)
+		g.line("TEXT ·%s(SB), 0, $%d-%d", name, frame, size)
 		g.op("NO_LOCAL_POINTERS")
 	} else {
-		g.line("TEXT ·%s(SB), NOSPLIT, $0-41", name)
+		g.line("TEXT ·%s(SB), NOSPLIT, $0-%d", name, size)
 	}
 	g.op("MOVQ st+0(FP), AX")
-	g.op("MOVQ dst+8(FP), DI")
-	g.op("MOVQ src+16(FP), SI")
-	g.op("MOVQ n+24(FP), CX")
-	g.op("MOVQ rounds+32(FP), DX")
+	if pre {
+		g.op("MOVQ pre+8(FP), R9")
+	}
+	g.op("MOVQ dst+%d(FP), DI", 8+shift)
+	g.op("MOVQ src+%d(FP), SI", 16+shift)
+	g.op("MOVQ n+%d(FP), CX", 24+shift)
+	g.op("MOVQ rounds+%d(FP), DX", 32+shift)
 	g.op("SHRQ $1, DX") // double rounds
-	g.op("MOVBLZX ctr64+40(FP), R10")
+	g.op("MOVBLZX ctr64+%d(FP), R10", 40+shift)
 	g.op("NEGL R10")        // carry mask: 0 or all ones
 	g.op("MOVL 48(AX), BX") // counter, low word
 	g.op("MOVL 52(AX), R8") // counter high word, or nonce word 0
@@ -222,7 +231,7 @@ func (g *gen) transpose4(r [4]string, t [4]string) {
 }
 
 func (g *gen) avx2() {
-	g.prologue("xorAVX2", avx2Frame)
+	g.prologue("xorAVX2", avx2Frame, false)
 	g.op("MOVQ SP, R9")
 	g.op("ADDQ $31, R9")
 	g.op("ANDQ $-32, R9")
@@ -366,7 +375,8 @@ func (g *gen) avx512() {
 	// computed once per call by the caller (columns 2 and 3, and column 1 unless ctr64,
 	// where word 13 is the counter's high half). They are the same in every lane, so
 	// each chunk starts from them and only column 0 (and 1) is computed per lane.
-	g.prologuePre("xorAVX512", 0)
+	g.prologue("xorAVX512", 0, true)
+	g.op("KMOVW R10, K2")
 	g.op("VMOVDQU32 iota<>(SB), Z18")
 	g.op("VPTERNLOGD $0xff, Z19, Z19, Z19")
 	g.line("avx512_chunk:")
@@ -405,30 +415,6 @@ func (g *gen) avx512() {
 	g.feedForward("Z")
 	g.xorOut16(0, [4]string{"Z20", "Z21", "Z22", "Z23"}, 0)
 	g.advance("avx512_chunk", 16, true, 0)
-}
-
-// prologuePre loads the arguments of the AVX-512 kernels that take pre (xorAVX512 and
-// xorAVX512W), with a stack frame of frame bytes, and the carry mask into K2.
-func (g *gen) prologuePre(name string, frame int) {
-	g.line("// func %s(st, pre *[16]uint32, dst, src *byte, n int, rounds int, ctr64 bool)", name)
-	if frame > 0 {
-		g.line("TEXT ·%s(SB), 0, $%d-49", name, frame)
-		g.op("NO_LOCAL_POINTERS")
-	} else {
-		g.line("TEXT ·%s(SB), NOSPLIT, $0-49", name)
-	}
-	g.op("MOVQ st+0(FP), AX")
-	g.op("MOVQ pre+8(FP), R9")
-	g.op("MOVQ dst+16(FP), DI")
-	g.op("MOVQ src+24(FP), SI")
-	g.op("MOVQ n+32(FP), CX")
-	g.op("MOVQ rounds+40(FP), DX")
-	g.op("SHRQ $1, DX")
-	g.op("MOVBLZX ctr64+48(FP), R10")
-	g.op("NEGL R10")
-	g.op("MOVL 48(AX), BX")
-	g.op("MOVL 52(AX), R8")
-	g.op("KMOVW R10, K2")
 }
 
 // xorOut16 puts the 16 word-sliced keystream blocks in Z(base)..Z(base+15) in block
@@ -474,7 +460,7 @@ func (g *gen) feedForward(p string) {
 }
 
 func (g *gen) avx512VL8() {
-	g.prologue("xorAVX512VL8", 0)
+	g.prologue("xorAVX512VL8", 0, false)
 	g.op("KMOVW R10, K2")
 	g.op("VMOVDQU32 iota<>(SB), Y18")
 	g.op("VPTERNLOGD $0xff, Y19, Y19, Y19")

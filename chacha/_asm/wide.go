@@ -14,7 +14,8 @@ import "fmt"
 const wideFrame = 256 // B's words 12..15 during A's output
 
 func (g *gen) avx512Wide() {
-	g.prologuePre("xorAVX512W", wideFrame)
+	g.prologue("xorAVX512W", wideFrame, true)
+	g.op("KMOVW R10, K2")
 	z := func(group, w int) string { return reg("Z", 16*group+w) }
 	// counters sets lo, hi to group's counter lanes: st[12]+16·group+i, and st[13] plus
 	// the carry out of the low word when ctr64.
