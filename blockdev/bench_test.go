@@ -28,18 +28,20 @@ import (
 //	go test -run '^$' -bench . -count 5 ./blockdev/
 //
 // BenchmarkDeviceVsRaw: sequential 1 MiB requests over 4 KiB sectors on a file in
-// /dev/shm (write, read) or in memory (write-mem, read-mem: no kernel copy, so what is
-// left is eli's own cost), one request at a time (qd=1) or four in flight (qd=4, as NBD
-// clients queue them: nbdcopy keeps up to 64, the kernel's driver more). Device and raw chacha20poly1305.NewX Seal (or Open) of 4 KiB
-// sectors on all cores run in alternating bursts in the same process. Metrics: MB/s of
-// the device; raw-MB/s; ratio = device/raw wall-clock throughput (the target is
-// ≥ 0.75); cpu-ratio = raw CPU time per byte over the device's, which equals ratio when
-// every core is busy and is steadier on a shared machine; stream-cpu-ratio, the same
-// against raw sealing from a 1 MiB source into a 32 MiB ring (data moving through memory);
-// copy-bound (files only), the best cpu-ratio that a device with no cost of its own could
-// reach with the raw cipher, which must also move the data between itself and the page
-// cache: raw CPU per byte over raw plus a plain pwrite (pread) loop's, measured in the
-// same bursts on a file beside the volume. A device whose cipher is faster than the raw
+// /dev/shm (write, read; opened as eli attach opens it, so read through a mapping:
+// provider/mapped.go) or in memory (write-mem, read-mem: no page cache, so what is left
+// is eli's own cost), one request at a time (qd=1) or four in flight (qd=4, as NBD
+// clients queue them: nbdcopy keeps up to 64, the kernel's driver more). Device and raw
+// chacha20poly1305.NewX Seal (or Open) of 4 KiB sectors on all cores run in alternating
+// bursts in the same process. Metrics: MB/s of the device; raw-MB/s; ratio = device/raw
+// wall-clock throughput (the target is ≥ 0.75); cpu-ratio = raw CPU time per
+// byte over the device's, which equals ratio when every core is busy and is steadier on
+// a shared machine; stream-cpu-ratio, the same against raw sealing from a 1 MiB source
+// into a 32 MiB ring (data moving through memory); copy-bound (files only), the best
+// cpu-ratio that a device with no cost of its own could reach with the raw cipher, which
+// must also move the data between itself and the page cache: raw CPU per byte over raw
+// plus that of a loop writing (reading) a file beside the volume through the same
+// provider, measured in the same bursts. A device whose cipher is faster than the raw
 // reference can pass it.
 // ELI_BENCH_BATCH, ELI_BENCH_COMMIT and ELI_BENCH_WORKERS override MaxBatchBytes,
 // CommitBytes and Workers.
@@ -81,21 +83,7 @@ func benchDevice(b *testing.B, dir string, size int64, cfg Config) *Device {
 	if dir == "" {
 		p = newMem(size)
 	} else {
-		path := filepath.Join(dir, "vol")
-		f, err := os.Create(path)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := f.Truncate(size); err != nil {
-			b.Fatal(err)
-		}
-		f.Close()
-		pf, err := provider.Open(path, false)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { pf.Close() })
-		p = pf
+		p = sparseFile(b, filepath.Join(dir, "vol"), size)
 	}
 	l, err := layout.Plan(size, 4096, sector.ModeXChaCha20Poly1305, 0)
 	if err != nil {
@@ -171,12 +159,12 @@ func rawXChaCha(total int64, open, stream bool) (time.Duration, int64) {
 	return time.Since(start), per * int64(procs) * 4096
 }
 
-// kernelCopy pwrites (or preads) about total bytes in 256 KiB pieces to (from) the
-// file f, cycling over its first size bytes, and returns the CPU time that took and the
-// bytes moved: what the kernel charges for moving data between a process and the page
-// cache, which an encrypting device pays on top of the cipher and the raw reference does
-// not.
-func kernelCopy(f *os.File, size, total int64, write bool) (time.Duration, int64) {
+// providerCopy writes (or reads) about total bytes in 256 KiB pieces to (from) the file
+// p, cycling over its first size bytes, and returns the CPU time that took and the bytes
+// moved: what moving data between a process and the page cache costs (pwrite, or a copy
+// where the provider maps the file), which an encrypting device pays on top of the
+// cipher and the raw reference does not.
+func providerCopy(p *provider.File, size, total int64, write bool) (time.Duration, int64) {
 	const piece = 256 << 10
 	buf := make([]byte, piece)
 	start := cputime.Process()
@@ -185,9 +173,9 @@ func kernelCopy(f *os.File, size, total int64, write bool) (time.Duration, int64
 		off := done % size
 		var err error
 		if write {
-			_, err = f.WriteAt(buf, off)
+			_, err = p.WriteAt(buf, off)
 		} else {
-			_, err = f.ReadAt(buf, off)
+			_, err = p.ReadAt(buf, off)
 		}
 		if err != nil {
 			panic(err)
@@ -196,15 +184,11 @@ func kernelCopy(f *os.File, size, total int64, write bool) (time.Duration, int64
 	return cputime.Process() - start, done
 }
 
-// copyFile is a file of size bytes in dir, written through once, for kernelCopy.
-func copyFile(b *testing.B, dir string, size int64) *os.File {
-	f, err := os.Create(filepath.Join(dir, "copy"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { f.Close() })
-	kernelCopy(f, size, size, true)
-	return f
+// copyFile is a file of size bytes in dir, written through once, for providerCopy.
+func copyFile(b *testing.B, dir string, size int64) *provider.File {
+	p := sparseFile(b, filepath.Join(dir, "copy"), size)
+	providerCopy(p, size, size, true)
+	return p
 }
 
 type rawBuf struct{ hot, src, ring []byte }
@@ -292,7 +276,7 @@ func BenchmarkDeviceVsRaw(b *testing.B) {
 			// counted against either.
 			var devTime, rawTime, devCPU, rawCPU, streamCPU, copyCPU time.Duration
 			var devBytes, rawBytes, streamBytes, copyBytes int64
-			var cf *os.File
+			var cf *provider.File
 			if dir != "" {
 				cf = copyFile(b, dir, 128<<20)
 			}
@@ -323,7 +307,7 @@ func BenchmarkDeviceVsRaw(b *testing.B) {
 				streamCPU += cputime.Process() - cpu0
 				streamBytes += n
 				if cf != nil {
-					t, n := kernelCopy(cf, 128<<20, int64(k)*req, write)
+					t, n := providerCopy(cf, 128<<20, int64(k)*req, write)
 					copyCPU += t
 					copyBytes += n
 				}

@@ -49,19 +49,31 @@ func TestConcurrentModel(t *testing.T) {
 		name       string
 		sectorSize int
 		sectors    uint64
+		tmpfs      bool
 	}{
-		{"512", 512, 420},
-		{"4096", 4096, 120},
+		{"512", 512, 420, false},
+		{"4096", 4096, 120, false},
+		// A file on tmpfs, which the provider reads through a mapping.
+		{"4096-tmpfs", 4096, 120, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			runConcurrentModel(t, tc.sectorSize, tc.sectors)
+			var v *testVol
+			if tc.tmpfs {
+				v = newFileVol(t, shmDir(t), sector.ModeXChaCha20Poly1305, tc.sectorSize, tc.sectors)
+				if !v.file.Mapped() {
+					t.Fatal("the tmpfs volume is not mapped")
+				}
+			} else {
+				v = newTestVol(t, sector.ModeXChaCha20Poly1305, tc.sectorSize, tc.sectors)
+			}
+			runConcurrentModel(t, v)
 		})
 	}
 }
 
-func runConcurrentModel(t *testing.T, sectorSize int, sectors uint64) {
-	v := newTestVol(t, sector.ModeXChaCha20Poly1305, sectorSize, sectors)
+func runConcurrentModel(t *testing.T, v *testVol) {
+	sectorSize := v.l.SectorSize
 	v.cfg.CommitInterval = time.Millisecond
 	v.cfg.CacheBytes = 2 * 4096
 	v.cfg.Logger = discardLogger()

@@ -8,10 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
 	"github.com/elidisk/eli/layout"
+	"github.com/elidisk/eli/provider"
 
 	"github.com/elidisk/eli/sector"
 )
@@ -136,6 +139,7 @@ func newCodec(t testing.TB, mode sector.Mode, sectorSize int, vol [16]byte) sect
 type testVol struct {
 	l    Layout
 	mem  *memProvider
+	file *provider.File // in place of mem, if set (newFileVol)
 	cfg  Config
 	size int64
 }
@@ -154,9 +158,56 @@ func newTestVol(t testing.TB, mode sector.Mode, sectorSize int, n uint64) *testV
 	}}
 }
 
+// newFileVol formats a file in dir for mode with n sectors, as eli's attach opens it
+// (provider.Open: on tmpfs, read through a mapping).
+func newFileVol(t testing.TB, dir string, mode sector.Mode, sectorSize int, n uint64) *testVol {
+	t.Helper()
+	l, size := layoutFor(t, mode, sectorSize, n, layout.Align)
+	f := sparseFile(t, filepath.Join(dir, "vol"), size)
+	if err := Format(f, l); err != nil {
+		t.Fatal(err)
+	}
+	return &testVol{l: l, file: f, size: size, cfg: Config{
+		Layout: l, Codec: newCodec(t, mode, sectorSize, testVolumeID), JournalKey: testJournalKey,
+		Logger: testLogger(t),
+	}}
+}
+
+// sparseFile creates a sparse file of size bytes at path and opens it as eli does.
+func sparseFile(t testing.TB, path string, size int64) *provider.File {
+	t.Helper()
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+	f, err := provider.Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// shmDir is a directory on tmpfs, where provider.File maps the volume.
+func shmDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "eli-test-")
+	if err != nil {
+		t.Fatalf("a tmpfs for the mapped provider: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 func (v *testVol) open(t testing.TB) *Device {
 	t.Helper()
-	d, err := Open(v.mem, v.cfg)
+	var p provider.Provider = v.mem
+	if v.file != nil {
+		p = v.file
+	}
+	d, err := Open(p, v.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

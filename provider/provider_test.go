@@ -14,7 +14,13 @@ import (
 
 func tempFile(t *testing.T, size int64) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "prov")
+	return fileIn(t, t.TempDir(), size)
+}
+
+// fileIn is a new sparse file of size bytes in dir.
+func fileIn(t *testing.T, dir string, size int64) string {
+	t.Helper()
+	p := filepath.Join(dir, "prov")
 	if err := os.WriteFile(p, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,219 @@
+package provider
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// shmFile is a file of size bytes on tmpfs (/dev/shm), where File maps what it writes.
+func shmFile(t *testing.T, size int64) string {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		t.Skip("no tmpfs at /dev/shm")
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "eli-provider-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return fileIn(t, dir, size)
+}
+
+// openMapped opens path for writing and checks that it is mapped.
+func openMapped(t *testing.T, path string) *File {
+	t.Helper()
+	p, err := Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if !p.Mapped() {
+		t.Fatal("a file on tmpfs is not mapped")
+	}
+	return p
+}
+
+// TestMappedReads: a file on tmpfs is read through its mapping, read-only opens too,
+// and reads see what pwrite and punching did, at both ends of the file; files elsewhere
+// are mapped only if they are on tmpfs as well.
+func TestMappedReads(t *testing.T) {
+	t.Parallel()
+	path := shmFile(t, 1<<20)
+	p := openMapped(t, path)
+	if !p.SerialWrites() {
+		t.Fatal("a mapped file does not report serial writes: they are still pwrite")
+	}
+	ro, err := Open(path, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if !ro.Mapped() {
+		t.Fatal("a read-only open is not mapped")
+	}
+	want := make([]byte, 1<<20)
+	check := func(what string) {
+		t.Helper()
+		for _, q := range []*File{p, ro} {
+			for _, r := range [][2]int{{0, 1 << 20}, {0, 5000}, {4095, 2}, {1<<20 - 4096, 4096}, {1<<20 - 1, 1}} {
+				got := make([]byte, r[1])
+				if _, err := q.ReadAt(got, int64(r[0])); err != nil {
+					t.Fatalf("%s: read %d+%d: %v", what, r[0], r[1], err)
+				}
+				if !bytes.Equal(got, want[r[0]:r[0]+r[1]]) {
+					t.Fatalf("%s: read %d+%d: not what was written", what, r[0], r[1])
+				}
+			}
+		}
+	}
+	for i := range want {
+		want[i] = byte(i*7 + i>>12)
+	}
+	if _, err := p.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	check("after a write")
+	if err := p.Punch(4096, 8192); err != nil {
+		t.Fatal(err)
+	}
+	clear(want[4096 : 4096+8192])
+	check("after a punch")
+	if _, err := p.WriteAt([]byte{1, 2, 3}, 1<<20-3); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[1<<20-3:], []byte{1, 2, 3})
+	check("after a write at the end")
+	// Past the mapped size, reads go to pread: io.EOF, as before.
+	if n, err := p.ReadAt(make([]byte, 2), 1<<20-1); n != 1 || err != io.EOF {
+		t.Fatalf("read across the end: %d, %v", n, err)
+	}
+
+	disk, err := Open(tempFile(t, 1<<20), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer disk.Close()
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(disk.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	if disk.Mapped() != (st.Type == unix.TMPFS_MAGIC) {
+		t.Fatalf("file system type %#x: mapped %v", st.Type, disk.Mapped())
+	}
+}
+
+// TestMappedExtendAndFromFile: Extend maps the grown file anew (also one too small to
+// map before), and FromFile maps what it wraps.
+func TestMappedExtendAndFromFile(t *testing.T) {
+	t.Parallel()
+	path := shmFile(t, 0)
+	p, err := Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.Mapped() {
+		t.Fatal("an empty file was mapped")
+	}
+	if err := p.Extend(2 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if !p.Mapped() {
+		t.Fatal("not mapped after Extend")
+	}
+	if _, err := p.WriteAt([]byte("end"), 2<<20-3); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 3)
+	if _, err := p.ReadAt(got, 2<<20-3); err != nil || string(got) != "end" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := FromFile(f, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if !q.Mapped() {
+		t.Fatal("FromFile did not map")
+	}
+}
+
+// TestMappedFaultIsError: a read of a mapped page that no longer exists (another process
+// truncated the file) is an error for that read, or pread's short read, never a crash,
+// and the provider keeps working where the file still is.
+func TestMappedFaultIsError(t *testing.T) {
+	t.Parallel()
+	path := shmFile(t, 1<<20)
+	p := openMapped(t, path)
+	if _, err := p.WriteAt(make([]byte, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	// mincore now sends this read to pread, which sees the new end.
+	if n, err := p.ReadAt(make([]byte, 4096), 512<<10); n != 0 || err != io.EOF {
+		t.Fatalf("read past the truncated end: %d, %v", n, err)
+	}
+	// A copy that passed mincore just before the truncation faults: an error.
+	_, err := p.copyMapped(make([]byte, 4096), 512<<10)
+	if err == nil || !strings.Contains(err.Error(), "faulted") {
+		t.Fatalf("copy past the truncated end: %v, want a fault error", err)
+	}
+	if _, err := p.ReadAt(make([]byte, 4096), 0); err != nil {
+		t.Fatalf("read inside the file after a fault: %v", err)
+	}
+}
+
+// TestMappedReadsLeaveHoles: reads of a mapped file see what was written, also in ranges
+// that are part written, part hole, and reading holes does not allocate them (which a
+// read through the mapping would).
+func TestMappedReadsLeaveHoles(t *testing.T) {
+	t.Parallel()
+	const size = 16 << 20
+	path := shmFile(t, size)
+	p := openMapped(t, path)
+	data := bytes.Repeat([]byte{0x5a}, 64<<10)
+	if _, err := p.WriteAt(data, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ off, n int64 }{
+		{1 << 20, 64 << 10},       // written
+		{1<<20 + 100, 1000},       // inside one written page, unaligned
+		{1<<20 - 4096, 8192},      // hole, then written
+		{1<<20 + 60<<10, 8 << 10}, // written, then hole
+		{4 << 20, 8 << 20},        // hole
+		{size - 4096, 4096},       // hole at the end
+	} {
+		got := make([]byte, c.n)
+		if _, err := p.ReadAt(got, c.off); err != nil {
+			t.Fatalf("read %d+%d: %v", c.off, c.n, err)
+		}
+		want := make([]byte, c.n)
+		for i := range want {
+			if o := c.off + int64(i); o >= 1<<20 && o < 1<<20+64<<10 {
+				want[i] = 0x5a
+			}
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("read %d+%d: wrong bytes", c.off, c.n)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if used := st.Blocks * 512; used > 1<<20 {
+		t.Fatalf("%d bytes allocated after writing 64 KiB and reading holes", used)
+	}
+}
