@@ -421,6 +421,12 @@ func runBackgroundServer(g *globalOptions) error {
 		mk.Wipe()
 		return fail(err)
 	}
+	// The name lock goes last: 'eli detach' returns once it is free, and by then the
+	// provider's lock must be free too, or an attach right after a detach finds the
+	// provider in use. (Closing a provider on tmpfs unmaps it first, which takes a
+	// moment for a large one: long enough for TestLifecycle to catch the wrong order.)
+	lockf := os.NewFile(fdNameLock, "lock")
+	defer lockf.Close()
 	pf := os.NewFile(fdProvider, cfg.Provider)
 	p, err := provider.FromFile(pf, cfg.Provider)
 	if err != nil {
@@ -428,8 +434,6 @@ func runBackgroundServer(g *globalOptions) error {
 		return fail(err)
 	}
 	defer p.Close()
-	lockf := os.NewFile(fdNameLock, "lock")
-	defer lockf.Close()
 	if err := keys.MemoryLockError(); err != nil {
 		log.Warn("key memory could not be locked (it may be swapped out)", "err", err)
 	}
