@@ -58,19 +58,14 @@ import (
 // ELI_BENCH_DIR names another directory (a tmpfs mounted with huge=always, say).
 func benchDir(b *testing.B) string {
 	if d := os.Getenv("ELI_BENCH_DIR"); d != "" {
-		dir, err := os.MkdirTemp(d, "eli-bench-")
+		dir, err := tempDirIn(b, d)
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { os.RemoveAll(dir) })
 		return dir
 	}
-	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-		dir, err := os.MkdirTemp("/dev/shm", "eli-bench-")
-		if err == nil {
-			b.Cleanup(func() { os.RemoveAll(dir) })
-			return dir
-		}
+	if dir, err := tempDirIn(b, "/dev/shm"); err == nil {
+		return dir
 	}
 	return b.TempDir()
 }

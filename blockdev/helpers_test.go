@@ -193,12 +193,20 @@ func sparseFile(t testing.TB, path string, size int64) *provider.File {
 // shmDir is a directory on tmpfs, where provider.File maps the volume.
 func shmDir(t testing.TB) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("/dev/shm", "eli-test-")
+	dir, err := tempDirIn(t, "/dev/shm")
 	if err != nil {
 		t.Fatalf("a tmpfs for the mapped provider: %v", err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
+}
+
+// tempDirIn makes a directory in parent that is removed when t ends.
+func tempDirIn(t testing.TB, parent string) (string, error) {
+	dir, err := os.MkdirTemp(parent, "eli-")
+	if err == nil {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	return dir, err
 }
 
 func (v *testVol) open(t testing.TB) *Device {

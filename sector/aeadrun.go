@@ -19,9 +19,9 @@ import (
 // With a vector Poly1305 on the machine (poly1305.Accelerated), xchacha20-poly1305 runs
 // as our own composition: chacha.XAEADKeys computes 16 sectors' subkeys and Poly1305
 // keys in vector lanes, chacha.XORKeyStreamSubkeys the keystream with the AVX-512
-// kernel, and poly1305.SumAEAD tags each sector, with the tag kept apart from the ciphertext, which
-// x/crypto's AEAD cannot do (it appends the tag, so every sector would need room behind
-// it or a copy). The bytes are those of x/crypto's NewX, which the tests check
+// kernel, and poly1305.SumAEADMany the sixteen tags side by side, each kept apart from
+// its ciphertext, which x/crypto's AEAD cannot do (it appends the tag, so every sector
+// would need room behind it or a copy). The bytes are those of x/crypto's NewX, which the tests check
 // (aeadrun_test.go); without the vector Poly1305 the codec calls x/crypto itself.
 type MetaRunner interface {
 	// SealRunMeta seals the len(src)/SectorSize() sectors of src, the first with index
