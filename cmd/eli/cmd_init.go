@@ -35,18 +35,24 @@ func newInitCmd(g *globalOptions) *cobra.Command {
 		Short: "Create an encrypted volume on a file or block device",
 		Long: `Init writes a new eli header (two copies: at the start and at the end of the
 provider) with a random master key wrapped in keyslot 0 under the passphrase and/or
-keyfiles, and prepares the metadata area. It is instant on any size: sectors that
-were never written read as zeroes.
+keyfiles, and prepares the metadata area. It is instant on any size. In the
+default mode, sectors that were never written read as zeroes. The length-preserving
+modes (aes-xts, aes128-xts, none, *-xts) leave the data area as it is: a sector
+never written reads as the provider's old bytes decrypted, which look random (or,
+for none, as the old bytes themselves); write zeroes over the attached device if
+that matters.
 
-Everything the provider held before is lost. A provider that already holds an eli
-volume is refused unless --force is given.
+Everything the provider held before is lost. A provider that holds an eli volume,
+or what looks like a damaged one, is refused unless --force is given; a killed
+volume (see 'eli kill') is not.
 
 Modes (--cipher):
   xchacha20-poly1305  default: a fresh random nonce on every write, every sector
                       authenticated; tampering is an I/O error
-  aes-xts             AES-256-XTS (--key-length 128 for AES-128-XTS), as geli and
-                      dm-crypt; length-preserving, no integrity
-  none                no encryption, for measuring overhead
+  aes-xts             AES-256-XTS (--key-length 128 or --cipher aes128-xts for
+                      AES-128-XTS), tweak = sector index; length-preserving, no
+                      integrity (docs/format.md says what it is compatible with)
+  none                no encryption, for measuring overhead; needs --unsafe
   chacha20-xts chacha12-xts chacha8-xts xchacha20-xts xchacha12-xts xchacha8-xts
                       UNSAFE, for benchmark parity only: the keystream is fixed per
                       sector, so two versions of a sector reveal both; needs --unsafe`,
