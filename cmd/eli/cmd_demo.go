@@ -16,6 +16,7 @@ import (
 
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdclient"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
 
@@ -66,7 +67,7 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 	if err := os.WriteFile(pass, []byte(hex.EncodeToString(secret)+"\n"), 0o600); err != nil {
 		return err
 	}
-	sd := stateDir{filepath.Join(dir, "state")}
+	sd := volume.StateDir{Path: filepath.Join(dir, "state")}
 
 	// init, with a small KDF so that the demo is quick (real volumes calibrate ~1 s).
 	step("eli init --size %s --cipher %s %s", formatSize(size), cipher, img)
@@ -84,24 +85,21 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 		if err != nil {
 			return "", nil, err
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		ready := make(chan *record, 1)
-		done := make(chan error, 1)
-		log := slog.New(slog.NewTextHandler(io.Discard, nil))
-		go func() {
-			err := runServer(ctx, a.cfg, sd, a.p, a.mk, log, func(r *record) { ready <- r })
-			// Release the name's lock before stop returns: the next attach takes it at once.
-			a.close()
-			done <- err
-		}()
-		select {
-		case r := <-ready:
-			fmt.Fprintf(out, "    serving %s\n", r.URI)
-			return r.Socket, func() error { cancel(); return <-done }, nil
-		case err := <-done:
-			cancel()
+		srv, err := volume.Start(a.cfg, a.p, a.mk, slog.New(slog.DiscardHandler))
+		if err != nil {
+			a.p.Close()
+			a.lock.Release()
 			return "", nil, err
 		}
+		fmt.Fprintf(out, "    serving %s\n", srv.Record().URI)
+		return srv.Record().Socket, func() error {
+			err := srv.Shutdown(context.Background())
+			// The provider's lock and the name's are free before stop returns: the next
+			// attach takes them at once.
+			a.p.Close()
+			a.lock.Release()
+			return err
+		}, nil
 	}
 
 	step("eli attach %s", img)

@@ -60,6 +60,7 @@ Start with 'eli init PROVIDER', then 'eli attach PROVIDER'; 'eli detach NAME' cl
 		newAttachCmd(g),
 		newDetachCmd(g),
 		newListCmd(g),
+		newStatusCmd(g),
 		newDumpCmd(g),
 		newSetkeyCmd(g),
 		newDelkeyCmd(g),
