@@ -86,7 +86,7 @@ func (v *Volume) Status() Status {
 
 // Failed reports whether the server stopped, or runs, with its data not all safe.
 func (s *Status) Failed() bool {
-	return s.State == StateFailed || (s.Final != "" && s.Final != "ok")
+	return s.State == StateFailed || s.Error != "" || (s.Final != "" && s.Final != "ok")
 }
 
 // Problem is one line saying what failed and what state the data is in ("" when nothing
@@ -95,19 +95,24 @@ func (s *Status) Problem() string {
 	if !s.Failed() {
 		return ""
 	}
-	what := s.Error
-	if s.Final != "" && s.Final != "ok" {
+	finalFailed := s.Final != "" && s.Final != "ok"
+	var what string
+	switch {
+	case s.Error != "" && finalFailed && s.Final != s.Error:
+		what = "the provider failed while serving (" + s.Error + "), and the final commit and flush failed too: " + s.Final
+	case s.Error != "" && finalFailed:
+		what = "the provider failed while serving, so the final commit could not be made: " + s.Error
+	case s.Error != "":
+		what = "the provider failed: " + s.Error
+	default:
 		what = "the final commit and flush failed: " + s.Final
-		if s.Error != "" && s.Error != s.Final {
-			what = "the provider failed (" + s.Error + "), and the final commit and flush too: " + s.Final
-		}
 	}
 	var data string
 	if s.Authenticated {
-		data = "what was flushed before the failure is safe; writes acknowledged since are lost, " +
+		data = "what was flushed before the failure is safe; writes since then may be lost, " +
 			"and the next attach rolls the journal forward or back to a consistent volume"
 	} else {
-		data = "what was flushed before the failure is safe; writes acknowledged since may be lost " +
+		data = "what was flushed before the failure is safe; writes since then may be lost " +
 			"or partly written (this mode has no journal)"
 	}
 	return fmt.Sprintf("%s: %s; %s", s.Name, what, data)

@@ -83,10 +83,13 @@ volume failed has stopped, status shows its final status until the next attach o
 				row("last error", "none")
 			}
 			row("updated", "%s", st.Updated.Format(time.RFC3339))
+			if err := tw.Flush(); err != nil {
+				return err
+			}
 			if msg := st.Problem(); msg != "" {
 				fmt.Fprintln(os.Stderr, "eli: "+msg)
 			}
-			return tw.Flush()
+			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
