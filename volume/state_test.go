@@ -11,7 +11,9 @@ import (
 // Close (a parent that handed the lock to a child) keeps the file; a lock taken on a file
 // its holder removed is not a lock on the name.
 func TestNameLock(t *testing.T) {
-	t.Parallel()
+	// Not parallel: a process that forks (other tests run python and eli) lends its
+	// children every open descriptor until they exec, and a lock test's own descriptor
+	// lent so would hold its flock a moment longer than the test expects.
 	sd := StateDir{Path: shortDir(t)}
 	l, err := sd.LockName("a")
 	if err != nil {
@@ -62,7 +64,9 @@ func TestNameLock(t *testing.T) {
 // TestLiveCleansDeadServers: list forgets a record whose server is gone and removes its
 // socket, record and lock, but keeps a failed server's status and log for the user.
 func TestLiveCleansDeadServers(t *testing.T) {
-	t.Parallel()
+	// Not parallel: a process that forks (other tests run python and eli) lends its
+	// children every open descriptor until they exec, and a lock test's own descriptor
+	// lent so would hold its flock a moment longer than the test expects.
 	sd := StateDir{Path: shortDir(t)}
 	live, err := sd.LockName("live")
 	if err != nil {

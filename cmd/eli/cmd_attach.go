@@ -451,7 +451,7 @@ func runBackgroundServer(g *globalOptions) error {
 	sd.NameLockFromFile(lockf, cfg.Name).Release()
 	if err != nil {
 		// The status file says it for 'eli detach'; the log says it for the user.
-		log.Error("server stopped; its volume failed", "name", cfg.Name, "err", err)
+		log.Error("server stopped with an error", "name", cfg.Name, "err", err)
 		return err
 	}
 	return nil
