@@ -73,6 +73,8 @@ type Server struct {
 	errc      chan error
 	devIndex  int
 	rec       *Record
+	closed    bool  // Shutdown closed the volume
+	closeErr  error // and this is what Close said
 }
 
 // Listen binds the server's sockets. It comes before the volume is opened: a socket or
@@ -217,10 +219,12 @@ func (s *Server) Wait(ctx context.Context) error {
 // most) are closed.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stopServing(ctx)
-	if s.vol == nil {
-		return nil
+	if s.vol == nil || s.closed {
+		return s.closeErr
 	}
+	s.closed = true
 	err := s.vol.Close()
+	s.closeErr = err
 	if err != nil {
 		s.log.Error("final commit and flush failed", "name", s.cfg.Name, "err", err)
 	} else {
@@ -229,9 +233,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// disconnect is nbdkernel.Disconnect; tests count its calls.
+var disconnect = nbdkernel.Disconnect
+
 func (s *Server) stopServing(ctx context.Context) {
 	if s.devIndex >= 0 {
-		if err := nbdkernel.Disconnect(s.devIndex); err != nil {
+		if err := disconnect(s.devIndex); err != nil {
 			s.log.Warn("disconnect kernel device", "device", s.cfg.Device, "err", err)
 		}
 		s.devIndex = -1

@@ -101,3 +101,36 @@ func TestErrorOffsetEndToEnd(t *testing.T) {
 		t.Errorf("read of the untouched sectors: %s", out)
 	}
 }
+
+// TestShutdownDisconnectsKernelOnce: the server's Shutdown is the one place that
+// disconnects the kernel device, once, however often it is called (eli detach no longer
+// does it too: two disconnects filled the logs with netlink and kernel errors).
+func TestShutdownDisconnectsKernelOnce(t *testing.T) {
+	// Not parallel: it replaces the package's disconnect function.
+	var calls []int
+	old := disconnect
+	disconnect = func(i int) error { calls = append(calls, i); return nil }
+	defer func() { disconnect = old }()
+
+	path, _, mk := testVolume(t, t.TempDir(), 8<<20, sector.Default)
+	defer mk.Wipe()
+	p, err := provider.Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	srv, err := Start(&Config{Name: "k", Provider: path, Socket: filepath.Join(shortDir(t), "k.sock")}, p, copyKey(t, mk), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.devIndex = 3 // as if Start had connected /dev/nbd3
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Errorf("second Shutdown: %v", err)
+	}
+	if len(calls) != 1 || calls[0] != 3 {
+		t.Fatalf("disconnect calls %v, want one of device 3", calls)
+	}
+}

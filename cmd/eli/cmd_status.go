@@ -50,7 +50,7 @@ volume failed has stopped, status shows its final status until the next attach o
 			}
 			if st.State != volume.StateStopped && !sd.Alive(name) {
 				st.State = volume.StateStopped
-				st.Final = "unknown: the server was killed"
+				st.Final = "not made: the server was killed or crashed"
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
