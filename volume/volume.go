@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/elidisk/eli/blockdev"
@@ -110,9 +111,6 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 func (v *Volume) Close() error {
 	err := v.dev.Close()
 	v.codec.Wipe()
-	if err != nil && !errors.Is(err, blockdev.ErrClosed) {
-		v.fail(err)
-	}
 	return err
 }
 
@@ -174,10 +172,11 @@ func nbdErr(err error) error {
 }
 
 // clientErr reports whether err is the request's own fault (out of range, read-only,
-// an unsupported fast zero) or the device being closed, rather than a failure of the
-// provider under it.
+// an unsupported fast zero), the device being closed, or something the provider does
+// not support (punching a hole for a trim), rather than a failure of the provider.
 func clientErr(err error) bool {
-	for _, e := range []error{blockdev.ErrReadOnly, blockdev.ErrOutOfRange, blockdev.ErrPastEnd, blockdev.ErrSlowZero, blockdev.ErrClosed} {
+	for _, e := range []error{blockdev.ErrReadOnly, blockdev.ErrOutOfRange, blockdev.ErrPastEnd, blockdev.ErrSlowZero,
+		blockdev.ErrClosed, syscall.ENOTSUP, syscall.EOPNOTSUPP} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -399,13 +399,13 @@ func runBackgroundServer(g *globalOptions) error {
 	// releases the name's (removing its file) once this process has said why it failed.
 	// So a failure lets go of both, and only then says so.
 	var p *provider.File
+	pf := os.NewFile(fdProvider, "provider")
 	lockf := os.NewFile(fdNameLock, "lock")
 	fail := func(err error) error {
 		if p != nil {
 			p.Close()
-		} else {
-			os.NewFile(fdProvider, "provider").Close()
 		}
+		pf.Close() // a second Close of an *os.File does nothing
 		lockf.Close()
 		log.Error("attach failed", "err", err)
 		volume.WriteReady(readyW, nil, err)
@@ -426,7 +426,7 @@ func runBackgroundServer(g *globalOptions) error {
 	if cfg.LogFile != "" {
 		log = slog.New(slog.NewTextHandler(volume.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
 	}
-	if p, err = provider.FromFile(os.NewFile(fdProvider, cfg.Provider), cfg.Provider); err != nil {
+	if p, err = provider.FromFile(pf, cfg.Provider); err != nil {
 		mk.Wipe()
 		return fail(err)
 	}
