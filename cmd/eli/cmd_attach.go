@@ -443,6 +443,11 @@ func runBackgroundServer(g *globalOptions) error {
 	if !ready {
 		return fail(err)
 	}
+	if err != nil {
+		// The status file says it for 'eli detach'; the log says it for the user. Both
+		// before the name is free: the next attach of the name starts a new log.
+		log.Error("server stopped with an error", "name", cfg.Name, "err", err)
+	}
 	// The provider's lock goes before the name's: 'eli detach' returns once the name is
 	// free, and by then the provider must be free too, or an attach right after a detach
 	// finds the provider in use. (Closing a provider on tmpfs unmaps it first, which
@@ -450,9 +455,7 @@ func runBackgroundServer(g *globalOptions) error {
 	p.Close()
 	sd.NameLockFromFile(lockf, cfg.Name).Release()
 	if err != nil {
-		// The status file says it for 'eli detach'; the log says it for the user.
-		log.Error("server stopped with an error", "name", cfg.Name, "err", err)
-		return err
+		return silentError{err} // logged already; the log may be the next server's now
 	}
 	return nil
 }
