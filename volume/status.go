@@ -8,7 +8,7 @@ import (
 // States of a volume in its Status.
 const (
 	StateServing = "serving" // attached and answering
-	StateFailed  = "failed"  // the provider failed a write or flush: writes are refused
+	StateFailed  = "failed"  // the provider failed a write or flush (authenticated modes then refuse writes)
 	StateStopped = "stopped" // the server has exited (Status.Final says how)
 )
 

@@ -24,9 +24,9 @@ func newListCmd(g *globalOptions) *cobra.Command {
 		Short: "List attached volumes",
 		Long: `List the volumes attached on this machine (in this state directory): name, state,
 provider, mode, size, NBD socket and server pid. The state is "serving", or "failed"
-once the provider failed a write or flush: the volume then refuses writes until it is
-detached and attached again ('eli status NAME' says what failed). Records left by
-servers that were killed are cleaned up on the way.`,
+once the provider failed a write or flush ('eli status NAME' says what failed): an
+authenticated volume then refuses writes until it is detached and attached again.
+Records left by servers that were killed are cleaned up on the way.`,
 		Example: "  eli list\n  eli list --json",
 		Args:    exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -17,10 +17,11 @@ func newStatusCmd(g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status NAME|PROVIDER",
 		Short: "Show an attached volume's state and counters",
-		Long: `Status shows what the server of an attached volume has done: its state ("serving",
-or "failed" once the provider failed a write or flush, after which writes are refused),
-requests served (reads, writes, write-zeroes, trims, flushes), sectors that failed
-authentication, commits, what the attach found in the journal, and the last error.
+		Long: `Status shows what the server of an attached volume has done: its state
+("serving", or "failed" once the provider failed a write or flush, after which an
+authenticated volume refuses writes), requests served (reads, writes, write-zeroes,
+trims, flushes), sectors that failed authentication, commits, what the attach found
+in the journal, and the last error.
 
 The server rewrites STATE_DIR/NAME.status when these change, at most four times a
 second and at once when the volume fails; status reads that file. After a server whose
