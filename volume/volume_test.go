@@ -83,7 +83,7 @@ func TestErrorMap(t *testing.T) {
 
 // testVolume makes a provider in dir with a real header (quick KDF) and returns it, its
 // layout and its master key.
-func testVolume(t *testing.T, dir string, size int64, mode sector.Mode) (string, layout.Layout, *keys.MasterKey) {
+func testVolume(t testing.TB, dir string, size int64, mode sector.Mode) (string, layout.Layout, *keys.MasterKey) {
 	t.Helper()
 	path := filepath.Join(dir, "v.img")
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
@@ -116,7 +116,7 @@ func testVolume(t *testing.T, dir string, size int64, mode sector.Mode) (string,
 }
 
 // copyKey is a master key the test can hand to something that wipes it.
-func copyKey(t *testing.T, mk *keys.MasterKey) *keys.MasterKey {
+func copyKey(t testing.TB, mk *keys.MasterKey) *keys.MasterKey {
 	t.Helper()
 	c, err := keys.NewMasterKey(mk.VolumeID(), mk.Bytes())
 	if err != nil {
