@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +16,7 @@ import (
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 )
@@ -90,18 +89,19 @@ func addServeFlags(cmd *cobra.Command, o *attachOptions) {
 	f.IntVar(&o.cacheMiB, "cache", 64, "metadata cache size in MiB")
 }
 
-// serveSetup checks the options shared by attach and onetime and builds the serveConfig.
-func (o *attachOptions) serveSetup(sd stateDir, path string) (*serveConfig, error) {
+// serveSetup checks the options shared by attach and onetime and builds the server's
+// config.
+func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Config, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
 	}
 	name := o.name
 	if name == "" {
-		name = defaultName(abs)
+		name = volume.DefaultName(abs)
 	}
-	if err := validName(name); err != nil {
-		return nil, err
+	if err := volume.ValidName(name); err != nil {
+		return nil, usageError{err}
 	}
 	if o.listen != "" && o.tlsCert == "" && !o.insecureTCP {
 		return nil, usagef("--listen without TLS exposes the volume to anyone who reaches the port: give --tls-cert and --tls-key, or --insecure-tcp")
@@ -125,7 +125,7 @@ func (o *attachOptions) serveSetup(sd stateDir, path string) (*serveConfig, erro
 	}
 	socket := o.socket
 	if socket == "" {
-		socket = sd.file(name, ".sock")
+		socket = sd.File(name, ".sock")
 	}
 	if socket, err = filepath.Abs(socket); err != nil {
 		return nil, err
@@ -137,7 +137,7 @@ func (o *attachOptions) serveSetup(sd stateDir, path string) (*serveConfig, erro
 		return nil, fmt.Errorf("socket path %s is too long (%d bytes; unix sockets allow at most %d): choose a shorter --socket or --state-dir",
 			socket, len(socket), limit)
 	}
-	cfg := &serveConfig{
+	cfg := &volume.Config{
 		Name: name, Provider: abs, Socket: socket, Listen: o.listen,
 		TLSCert: absOrEmpty(o.tlsCert), TLSKey: absOrEmpty(o.tlsKey), TLSClientCA: absOrEmpty(o.tlsClientCA),
 		InsecureTCP: o.insecureTCP, ReadOnly: o.readOnly, Device: o.device, Connections: o.connections,
@@ -158,7 +158,7 @@ func absOrEmpty(p string) string {
 }
 
 func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path string) error {
-	sd, err := resolveStateDir(g)
+	sd, err := volume.ResolveStateDir(g.stateDir)
 	if err != nil {
 		return err
 	}
@@ -166,26 +166,32 @@ func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path stri
 	if err != nil {
 		return err
 	}
-	defer a.close()
-	return serveOrSpawn(cmd, sd, a.cfg, o.foreground, a.p, a.lock, a.mk)
+	return a.serve(cmd, sd, o.foreground)
 }
 
-// attachment is an unlocked provider, ready to be served.
+// attachment is a reserved name and an unlocked provider, ready to be served.
 type attachment struct {
-	cfg  *serveConfig
-	lock *nameLock
+	cfg  *volume.Config
+	lock *volume.NameLock
 	p    *provider.File
 	mk   *keys.MasterKey
 }
 
-func (a *attachment) close() {
-	a.mk.Wipe()
-	a.p.Close()
-	a.lock.release()
+// lockName reserves cfg's name and clears what an earlier server of that name left.
+func lockName(sd volume.StateDir, name string) (*volume.NameLock, error) {
+	lock, err := sd.LockName(name)
+	if errors.Is(err, volume.ErrNameTaken) {
+		return nil, fmt.Errorf("the name %s is already attached (see 'eli list'); choose another with --name", name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	sd.Cleanup(name, nil, true) // whatever a killed or failed server left behind
+	return lock, nil
 }
 
 // prepareAttach reserves the name, locks and unlocks the provider.
-func prepareAttach(sd stateDir, o *attachOptions, path string) (*attachment, error) {
+func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachment, error) {
 	if o.slot != keys.AnySlot && (o.slot < 0 || o.slot >= keys.NumSlots) {
 		return nil, usagef("--slot must be 0 to %d", keys.NumSlots-1)
 	}
@@ -193,21 +199,16 @@ func prepareAttach(sd stateDir, o *attachOptions, path string) (*attachment, err
 	if err != nil {
 		return nil, err
 	}
-	lock, err := sd.lockName(cfg.Name)
-	if errors.Is(err, errNameTaken) {
-		return nil, fmt.Errorf("the name %s is already attached (see 'eli list'); choose another with --name", cfg.Name)
-	}
+	lock, err := lockName(sd, cfg.Name)
 	if err != nil {
 		return nil, err
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			lock.release()
+			lock.Release()
 		}
 	}()
-	sd.cleanup(cfg.Name, nil) // whatever a killed server left behind
-
 	p, h, err := openHeader(path, o.readOnly)
 	if err != nil {
 		return nil, err
@@ -230,30 +231,58 @@ func prepareAttach(sd stateDir, o *attachOptions, path string) (*attachment, err
 	return &attachment{cfg: cfg, lock: lock, p: p, mk: mk}, nil
 }
 
-// serveOrSpawn serves in this process (--foreground) or starts the background server and
-// waits until it reports that the export is ready.
-func serveOrSpawn(cmd *cobra.Command, sd stateDir, cfg *serveConfig, foreground bool, p *provider.File, lock *nameLock, mk *keys.MasterKey) error {
+// serve serves in this process (--foreground) or starts the background server and waits
+// until it reports that the export is ready. Either way the provider and the name are
+// free again when it returns, unless a background server holds them.
+func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bool) error {
 	if foreground {
+		// The provider's lock goes before the name's: once the name is free (which is
+		// what 'eli detach' waits for), the provider must be free too.
+		defer a.lock.Release()
+		defer a.p.Close()
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 		if err := keys.ForbidCoreDumps(); err != nil {
 			log.Warn("core dumps stay possible", "err", err)
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 		defer stop()
-		return runServer(ctx, cfg, sd, p, mk, log, func(rec *record) {
-			printReady(cmd.OutOrStdout(), rec, cfg)
+		ready := false
+		err := volume.Run(ctx, a.cfg, sd, a.p, a.mk, log, func(rec *volume.Record) {
+			ready = true
+			printReady(cmd.OutOrStdout(), rec, a.cfg)
 		})
-	}
-	rec, err := spawnServer(sd, cfg, p, lock, mk)
-	if err != nil {
+		if err != nil && ready {
+			return finalError(sd, a.cfg.Name, err)
+		}
 		return err
 	}
-	printReady(cmd.OutOrStdout(), rec, cfg)
+	rec, err := spawnServer(sd, a.cfg, a.p, a.lock, a.mk)
+	a.mk.Wipe()
+	a.p.Close()
+	if err != nil {
+		// The child has let go of both locks before it said so; this process holds the
+		// name's alone now.
+		a.lock.Release()
+		return err
+	}
+	a.lock.Close() // the server holds it on
+	printReady(cmd.OutOrStdout(), rec, a.cfg)
 	return nil
 }
 
+// finalError is the one line that says how a server's final commit failed, from the
+// status it left, or err itself if it left none.
+func finalError(sd volume.StateDir, name string, err error) error {
+	if st, serr := sd.ReadStatus(name); serr == nil && st.Pid == os.Getpid() {
+		if msg := st.Problem(); msg != "" {
+			return errors.New(msg)
+		}
+	}
+	return fmt.Errorf("%s: %w", name, err)
+}
+
 // printReady says where the export is; the last line is its unix URI, for scripts.
-func printReady(out io.Writer, rec *record, cfg *serveConfig) {
+func printReady(out io.Writer, rec *volume.Record, cfg *volume.Config) {
 	if rec.Listen != "" {
 		tls := "no TLS"
 		if cfg.TLSCert != "" {
@@ -267,50 +296,25 @@ func printReady(out io.Writer, rec *record, cfg *serveConfig) {
 	fmt.Fprintln(out, rec.URI)
 }
 
-// runServer serves until ctx ends; ready is called once clients can connect.
-func runServer(ctx context.Context, cfg *serveConfig, sd stateDir, p *provider.File, mk *keys.MasterKey, log *slog.Logger, ready func(*record)) error {
-	srv, err := startServer(cfg, p, mk, log)
-	mk.Wipe() // the codec and the device hold what they need
-	if err != nil {
-		return err
-	}
-	if err := sd.writeRecord(srv.rec); err != nil {
-		srv.stop(context.Background())
-		return err
-	}
-	ready(srv.rec)
-	werr := srv.wait(ctx)
-	serr := srv.stop(context.Background())
-	sd.cleanup(cfg.Name, srv.rec)
-	if werr != nil {
-		return werr
-	}
-	return serr
-}
-
 // The background server inherits, besides stdin/stdout/stderr (all /dev/null or its log):
 const (
 	fdProvider = 3 // the provider, opened and flock'ed by attach
 	fdNameLock = 4 // the state directory's NAME.lock, flock'ed by attach
-	fdSetup    = 5 // read end of a pipe: u32 length, config JSON, master key
-	fdReady    = 6 // write end of a pipe: one JSON line once ready (or failed)
+	fdSetup    = 5 // read end of a pipe: volume.WriteSetup
+	fdReady    = 6 // write end of a pipe: volume.WriteReady once ready (or failed)
 )
-
-type readyMsg struct {
-	Record *record `json:"record,omitempty"`
-	Error  string  `json:"error,omitempty"`
-}
 
 // spawnServer re-executes eli as the background server. The master key goes through a
 // pipe, never argv or the environment; the provider and the name lock are inherited
 // already locked, so no other attach can slip in between.
-func spawnServer(sd stateDir, cfg *serveConfig, p *provider.File, lock *nameLock, mk *keys.MasterKey) (*record, error) {
+func spawnServer(sd volume.StateDir, cfg *volume.Config, p *provider.File, lock *volume.NameLock, mk *keys.MasterKey) (*volume.Record, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cfg.LogFile = sd.file(cfg.Name, ".log")
-	logf, err := os.OpenFile(cfg.LogFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	cfg.LogFile = sd.File(cfg.Name, ".log")
+	// A new log for each server: the last one's was kept only if it failed, for the user.
+	logf, err := os.OpenFile(cfg.LogFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open server log: %w", err)
 	}
@@ -332,46 +336,35 @@ func spawnServer(sd stateDir, cfg *serveConfig, p *provider.File, lock *nameLock
 	child.Stdin = nil
 	child.Stdout = logf
 	child.Stderr = logf
-	child.ExtraFiles = []*os.File{p.File(), lock.f, setupR, readyW}
+	child.ExtraFiles = []*os.File{p.File(), lock.File(), setupR, readyW}
 	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	child.Env = append(os.Environ(), "ELI_STATE_DIR="+sd.path)
+	child.Env = append(os.Environ(), "ELI_STATE_DIR="+sd.Path)
 	if err := child.Start(); err != nil {
 		return nil, fmt.Errorf("start server: %w", err)
 	}
 	readyW.Close()
 	setupR.Close()
 
-	conf, err := json.Marshal(cfg)
-	if err != nil {
-		return nil, err
-	}
-	msg := binary.BigEndian.AppendUint32(nil, uint32(len(conf)))
-	msg = append(msg, conf...)
-	msg = append(msg, mk.Bytes()...)
-	_, werr := setupW.Write(msg)
-	clear(msg)
+	werr := volume.WriteSetup(setupW, cfg, mk)
 	setupW.Close()
 	if werr != nil {
 		child.Process.Kill()
 		child.Wait()
 		return nil, fmt.Errorf("hand the key to the server: %w", werr)
 	}
-
-	// The child's exit is not awaited: it is the server and outlives us. Release it.
-	defer child.Process.Release()
-	line, rerr := io.ReadAll(io.LimitReader(readyR, 64<<10))
-	var rm readyMsg
-	if rerr != nil || json.Unmarshal(line, &rm) != nil {
-		tail := logTail(cfg.LogFile)
-		return nil, fmt.Errorf("server exited before it was ready%s", tail)
+	rec, err := volume.ReadReady(readyR)
+	if err == nil {
+		// The child is the server and outlives us: release it, not wait for it.
+		child.Process.Release()
+		return rec, nil
 	}
-	if rm.Error != "" {
-		return nil, errors.New(rm.Error)
+	// A child that failed exits at once; waiting for it means that its locks, which it
+	// may not have reached the point of closing in order, are gone when attach returns.
+	child.Wait()
+	if errors.Is(err, volume.ErrNoReady) {
+		return nil, fmt.Errorf("%w%s", err, logTail(cfg.LogFile))
 	}
-	if rm.Record == nil {
-		return nil, fmt.Errorf("server said it was ready but sent no record%s", logTail(cfg.LogFile))
-	}
-	return rm.Record, nil
+	return nil, err
 }
 
 // logTail returns the last line of the server's log, for an error message.
@@ -397,90 +390,72 @@ func newServeCmd(g *globalOptions) *cobra.Command {
 }
 
 func runBackgroundServer(g *globalOptions) error {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	readyW := os.NewFile(fdReady, "ready")
-	fail := func(err error) error {
-		b, _ := json.Marshal(readyMsg{Error: err.Error()})
-		readyW.Write(append(b, '\n'))
-		readyW.Close()
-		log.Error("attach failed", "err", err)
-		return err
-	}
 	if readyW == nil {
 		return errors.New("__serve is started by 'eli attach', not by hand")
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// Until it is ready, the server owns neither lock: attach holds them too, and
+	// releases the name's (removing its file) once this process has said why it failed.
+	// So a failure lets go of both, and only then says so.
+	var p *provider.File
+	pf := os.NewFile(fdProvider, "provider")
+	lockf := os.NewFile(fdNameLock, "lock")
+	fail := func(err error) error {
+		if p != nil {
+			p.Close()
+		}
+		pf.Close() // a second Close of an *os.File does nothing
+		lockf.Close()
+		log.Error("attach failed", "err", err)
+		volume.WriteReady(readyW, nil, err)
+		return err
 	}
 	if err := keys.ForbidCoreDumps(); err != nil {
 		log.Warn("core dumps stay possible", "err", err)
 	}
-	cfg, mk, err := readSetup(os.NewFile(fdSetup, "setup"))
+	cfg, mk, err := volume.ReadSetup(os.NewFile(fdSetup, "setup"))
 	if err != nil {
 		return fail(err)
 	}
-	sd, err := resolveStateDir(g)
-	if err != nil {
-		mk.Wipe()
-		return fail(err)
-	}
-	// The name lock goes last: 'eli detach' returns once it is free, and by then the
-	// provider's lock must be free too, or an attach right after a detach finds the
-	// provider in use. (Closing a provider on tmpfs unmaps it first, which takes a
-	// moment for a large one: long enough for TestLifecycle to catch the wrong order.)
-	lockf := os.NewFile(fdNameLock, "lock")
-	defer lockf.Close()
-	pf := os.NewFile(fdProvider, cfg.Provider)
-	p, err := provider.FromFile(pf, cfg.Provider)
+	sd, err := volume.ResolveStateDir(g.stateDir)
 	if err != nil {
 		mk.Wipe()
 		return fail(err)
 	}
-	defer p.Close()
+	if cfg.LogFile != "" {
+		log = slog.New(slog.NewTextHandler(volume.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
+	}
+	if p, err = provider.FromFile(pf, cfg.Provider); err != nil {
+		mk.Wipe()
+		return fail(err)
+	}
 	if err := keys.MemoryLockError(); err != nil {
 		log.Warn("key memory could not be locked (it may be swapped out)", "err", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
-	err = runServer(ctx, cfg, sd, p, mk, log, func(rec *record) {
-		b, _ := json.Marshal(readyMsg{Record: rec})
-		readyW.Write(append(b, '\n'))
-		readyW.Close()
+	ready := false
+	err = volume.Run(ctx, cfg, sd, p, mk, log, func(rec *volume.Record) {
+		ready = true
+		volume.WriteReady(readyW, rec, nil)
 	})
-	if err != nil {
+	if !ready {
 		return fail(err)
 	}
-	return nil
-}
-
-// readSetup reads the config and master key that attach sent.
-func readSetup(r io.ReadCloser) (*serveConfig, *keys.MasterKey, error) {
-	defer r.Close()
-	var n [4]byte
-	if _, err := io.ReadFull(r, n[:]); err != nil {
-		return nil, nil, fmt.Errorf("read setup: %w", err)
-	}
-	size := binary.BigEndian.Uint32(n[:])
-	if size > 64<<10 {
-		return nil, nil, fmt.Errorf("setup of %d bytes is implausible", size)
-	}
-	conf := make([]byte, size)
-	if _, err := io.ReadFull(r, conf); err != nil {
-		return nil, nil, fmt.Errorf("read setup: %w", err)
-	}
-	cfg := &serveConfig{}
-	if err := json.Unmarshal(conf, cfg); err != nil {
-		return nil, nil, fmt.Errorf("read setup: %w", err)
-	}
-	key := keys.NewSecret(keys.MasterKeySize)
-	defer key.Wipe()
-	if _, err := io.ReadFull(r, key.Bytes()); err != nil {
-		return nil, nil, fmt.Errorf("read key: %w", err)
-	}
-	mk, err := keys.NewMasterKey(cfg.VolumeID, key.Bytes())
 	if err != nil {
-		return nil, nil, err
+		// The status file says it for 'eli detach'; the log says it for the user. Both
+		// before the name is free: the next attach of the name starts a new log.
+		log.Error("server stopped with an error", "name", cfg.Name, "err", err)
 	}
-	if cfg.Onetime && !cfg.Mode.Valid() {
-		mk.Wipe()
-		return nil, nil, fmt.Errorf("setup names an invalid mode")
+	// The provider's lock goes before the name's: 'eli detach' returns once the name is
+	// free, and by then the provider must be free too, or an attach right after a detach
+	// finds the provider in use. (Closing a provider on tmpfs unmaps it first, which
+	// takes a moment for a large one.)
+	p.Close()
+	sd.NameLockFromFile(lockf, cfg.Name).Release()
+	if err != nil {
+		return silentError{err} // logged already; the log may be the next server's now
 	}
-	return cfg, mk, nil
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdclient"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
 
@@ -66,7 +67,7 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 	if err := os.WriteFile(pass, []byte(hex.EncodeToString(secret)+"\n"), 0o600); err != nil {
 		return err
 	}
-	sd := stateDir{filepath.Join(dir, "state")}
+	sd := volume.StateDir{Path: filepath.Join(dir, "state")}
 
 	// init, with a small KDF so that the demo is quick (real volumes calibrate ~1 s).
 	step("eli init --size %s --cipher %s %s", formatSize(size), cipher, img)
@@ -78,85 +79,78 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 		return err
 	}
 
-	attach := func() (sock string, stop func() error, err error) {
+	// session attaches the volume as 'eli attach' does, runs f with an NBD client, and
+	// detaches; the name and the provider are free again when it returns.
+	session := func(f func(c *nbdclient.Client) error) error {
 		o := &attachOptions{slot: keys.AnySlot, connections: 1, cacheMiB: 16, creds: credFlags{passphraseFile: pass}}
 		a, err := prepareAttach(sd, o, img)
 		if err != nil {
-			return "", nil, err
+			return err
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		ready := make(chan *record, 1)
-		done := make(chan error, 1)
-		log := slog.New(slog.NewTextHandler(io.Discard, nil))
-		go func() {
-			err := runServer(ctx, a.cfg, sd, a.p, a.mk, log, func(r *record) { ready <- r })
-			// Release the name's lock before stop returns: the next attach takes it at once.
-			a.close()
-			done <- err
-		}()
-		select {
-		case r := <-ready:
-			fmt.Fprintf(out, "    serving %s\n", r.URI)
-			return r.Socket, func() error { cancel(); return <-done }, nil
-		case err := <-done:
-			cancel()
-			return "", nil, err
+		defer a.lock.Release()
+		defer a.p.Close()
+		srv, err := volume.Start(a.cfg, a.p, a.mk, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
 		}
+		fmt.Fprintf(out, "    serving %s\n", srv.Record().URI)
+		c, err := nbdclient.Dial("unix", srv.Record().Socket, "")
+		if err == nil {
+			err = f(c)
+			c.Close()
+		}
+		if serr := srv.Shutdown(context.Background()); err == nil {
+			err = serr
+		}
+		return err
 	}
+	const chunk = 1 << 20
+	var data []byte
+	var n int64
+	readAll := func(c *nbdclient.Client, got []byte) error {
+		for off := int64(0); off < n; off += chunk {
+			if err := c.ReadAt(got[off:off+chunk], off); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	marker := []byte("eli demo: this line is plaintext on the NBD side only")
 
 	step("eli attach %s", img)
-	sock, stop, err := attach()
-	if err != nil {
-		return err
-	}
-	c, err := nbdclient.Dial("unix", sock, "")
-	if err != nil {
-		stop()
-		return err
-	}
-	fmt.Fprintf(out, "    NBD export: %s, flags %#x, preferred block %d\n", formatSize(int64(c.Export.Size)), c.Export.Flags, c.Export.PreferredBlock)
-	n := min(int64(c.Export.Size), 16<<20)
-	data := make([]byte, n)
-	rand.Read(data)
-	marker := []byte("eli demo: this line is plaintext on the NBD side only")
-	copy(data[8192:], marker)
+	err := session(func(c *nbdclient.Client) error {
+		fmt.Fprintf(out, "    NBD export: %s, flags %#x, preferred block %d\n", formatSize(int64(c.Export.Size)), c.Export.Flags, c.Export.PreferredBlock)
+		n = min(int64(c.Export.Size), 16<<20) / chunk * chunk
+		data = make([]byte, n)
+		rand.Read(data)
+		copy(data[8192:], marker)
 
-	step("write %s of random data through NBD, flush, read it back", formatSize(n))
-	start := time.Now()
-	for off := int64(0); off < n; off += 1 << 20 {
-		if err := c.WriteAt(data[off:off+1<<20], off, false); err != nil {
-			c.Close()
-			stop()
+		step("write %s of random data through NBD, flush, read it back", formatSize(n))
+		start := time.Now()
+		for off := int64(0); off < n; off += chunk {
+			if err := c.WriteAt(data[off:off+chunk], off, false); err != nil {
+				return err
+			}
+		}
+		if err := c.Flush(); err != nil {
 			return err
 		}
-	}
-	if err := c.Flush(); err != nil {
-		c.Close()
-		stop()
-		return err
-	}
-	wt := time.Since(start)
-	got := make([]byte, n)
-	start = time.Now()
-	for off := int64(0); off < n; off += 1 << 20 {
-		if err := c.ReadAt(got[off:off+1<<20], off); err != nil {
-			c.Close()
-			stop()
+		wt := time.Since(start)
+		got := make([]byte, n)
+		start = time.Now()
+		if err := readAll(c, got); err != nil {
 			return err
 		}
-	}
-	rt := time.Since(start)
-	if !bytes.Equal(got, data) {
-		c.Close()
-		stop()
-		return errors.New("demo: data read back differs from what was written")
-	}
-	fmt.Fprintf(out, "    identical (write %.0f MB/s, read %.0f MB/s over one simple connection)\n",
-		float64(n)/wt.Seconds()/1e6, float64(n)/rt.Seconds()/1e6)
-	c.Close()
-
-	step("eli detach")
-	if err := stop(); err != nil {
+		rt := time.Since(start)
+		if !bytes.Equal(got, data) {
+			return errors.New("demo: data read back differs from what was written")
+		}
+		fmt.Fprintf(out, "    identical (write %.0f MB/s, read %.0f MB/s over one simple connection)\n",
+			float64(n)/wt.Seconds()/1e6, float64(n)/rt.Seconds()/1e6)
+		step("eli detach")
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 
@@ -170,28 +164,18 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 	step("the provider holds no plaintext: the marker line is not in %s", img)
 
 	step("eli attach again; the data is intact")
-	sock, stop, err = attach()
-	if err != nil {
-		return err
-	}
-	c, err = nbdclient.Dial("unix", sock, "")
-	if err != nil {
-		stop()
-		return err
-	}
-	for off := int64(0); off < n; off += 1 << 20 {
-		if err := c.ReadAt(got[off:off+1<<20], off); err != nil {
-			c.Close()
-			stop()
+	err = session(func(c *nbdclient.Client) error {
+		got := make([]byte, n)
+		if err := readAll(c, got); err != nil {
 			return err
 		}
-	}
-	c.Close()
-	if err := stop(); err != nil {
+		if !bytes.Equal(got, data) {
+			return errors.New("demo: data differs after re-attach")
+		}
+		return nil
+	})
+	if err != nil {
 		return err
-	}
-	if !bytes.Equal(got, data) {
-		return errors.New("demo: data differs after re-attach")
 	}
 
 	h, err := func() (*keys.Header, error) {
@@ -210,30 +194,25 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 		step("done (%s has no integrity, so the tampering step is skipped)", h.Mode)
 		return nil
 	}
-	// Sector 2 is the first data sector of group 0 after sectors 0 and 1.
-	off := l.DataOffset + int64(l.MetaBlockSize()) + 2*int64(l.SectorSize) + 100
+	off := l.DataPos(2) + 100
 	step("flip one byte of the provider at offset %d (inside sector 2), attach, read", off)
 	if err := flipByte(img, off); err != nil {
 		return err
 	}
-	sock, stop, err = attach()
+	err = session(func(c *nbdclient.Client) error {
+		buf := make([]byte, l.SectorSize)
+		err2 := c.ReadAt(buf, 2*int64(l.SectorSize))
+		err1 := c.ReadAt(buf, 1*int64(l.SectorSize))
+		err3 := c.ReadAt(buf, 3*int64(l.SectorSize))
+		if !errors.Is(err2, syscall.EIO) || err1 != nil || err3 != nil {
+			return fmt.Errorf("demo: tampered sector read %v, neighbours %v, %v", err2, err1, err3)
+		}
+		fmt.Fprintf(out, "    sector 2: %v\n    sectors 1 and 3: read fine\n", err2)
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	defer stop()
-	c, err = nbdclient.Dial("unix", sock, "")
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	buf := make([]byte, l.SectorSize)
-	err2 := c.ReadAt(buf, 2*int64(l.SectorSize))
-	err1 := c.ReadAt(buf, 1*int64(l.SectorSize))
-	err3 := c.ReadAt(buf, 3*int64(l.SectorSize))
-	if !errors.Is(err2, syscall.EIO) || err1 != nil || err3 != nil {
-		return fmt.Errorf("demo: tampered sector read %v, neighbours %v, %v", err2, err1, err3)
-	}
-	fmt.Fprintf(out, "    sector 2: %v\n    sectors 1 and 3: read fine\n", err2)
 	if keep {
 		step("done; the provider and its passphrase file are in %s", dir)
 	} else {

@@ -1,12 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
 	"time"
 
-	"github.com/elidisk/eli/nbdkernel"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
 
@@ -20,6 +21,12 @@ func newDetachCmd(g *globalOptions) *cobra.Command {
 commits and flushes every write, closes the provider and wipes the keys from memory.
 A kernel NBD device connected with 'attach --device' is disconnected first.
 
+Detach reports the server's final status: if the provider refused the final commit or
+flush (for example, it ran out of space), or failed earlier, detach exits 1 with one
+line that says what failed and what state the data is in. The server's log
+(STATE_DIR/NAME.log) and status (STATE_DIR/NAME.status, see 'eli status') are then kept
+until the next attach of NAME.
+
 --force kills a server that no longer answers (SIGKILL): writes it had acknowledged
 but not yet flushed may be lost, exactly as after a power cut; what was flushed is
 safe, and the next attach repairs the last commit.`,
@@ -29,11 +36,11 @@ safe, and the next attach repairs the last commit.`,
 			return attachedNames(g), cobra.ShellCompDirectiveNoFileComp
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sd, err := resolveStateDir(g)
+			sd, err := volume.ResolveStateDir(g.stateDir)
 			if err != nil {
 				return err
 			}
-			rec, err := sd.find(args[0])
+			rec, err := sd.Find(args[0])
 			if err != nil {
 				return err
 			}
@@ -46,11 +53,11 @@ safe, and the next attach repairs the last commit.`,
 }
 
 func attachedNames(g *globalOptions) []string {
-	sd, err := resolveStateDir(g)
+	sd, err := volume.ResolveStateDir(g.stateDir)
 	if err != nil {
 		return nil
 	}
-	recs, _ := sd.live()
+	recs, _ := sd.Live()
 	var names []string
 	for _, r := range recs {
 		names = append(names, r.Name)
@@ -58,44 +65,57 @@ func attachedNames(g *globalOptions) []string {
 	return names
 }
 
-func detach(sd stateDir, rec *record, force bool, timeout time.Duration) error {
-	if rec.Device != "" {
-		if err := nbdkernel.Disconnect(rec.DeviceIdx); err != nil && !force {
-			return fmt.Errorf("disconnect %s: %w (unmount it first; --force to detach anyway)", rec.Device, err)
-		}
-	}
+// detach stops the server of rec and reports its final status. The server disconnects
+// the kernel device itself, as the first step of its shutdown.
+func detach(sd volume.StateDir, rec *volume.Record, force bool, timeout time.Duration) error {
 	proc, err := os.FindProcess(rec.Pid)
 	if err != nil {
 		return err
 	}
 	// The lock says the server is alive; its pid is in the record it wrote itself.
-	if err := proc.Signal(syscall.SIGTERM); err != nil && sd.alive(rec.Name) {
+	if err := proc.Signal(syscall.SIGTERM); err != nil && sd.Alive(rec.Name) {
 		return fmt.Errorf("signal server (pid %d): %w", rec.Pid, err)
 	}
-	if waitGone(sd, rec.Name, timeout) {
-		return nil
+	if sd.WaitGone(rec.Name, timeout) {
+		return finalStatus(sd, rec)
 	}
 	if !force {
 		return fmt.Errorf("server for %s (pid %d) did not exit within %v; 'eli detach --force %s' kills it", rec.Name, rec.Pid, timeout, rec.Name)
 	}
 	proc.Signal(syscall.SIGKILL)
-	if !waitGone(sd, rec.Name, 10*time.Second) {
+	if !sd.WaitGone(rec.Name, 10*time.Second) {
 		return fmt.Errorf("server for %s (pid %d) survived SIGKILL", rec.Name, rec.Pid)
 	}
-	if l, err := sd.lockName(rec.Name); err == nil {
-		sd.cleanup(rec.Name, rec)
-		l.release()
+	if l, err := sd.LockName(rec.Name); err == nil {
+		sd.Cleanup(rec.Name, rec, false)
+		l.Release()
 	}
 	return nil
 }
 
-func waitGone(sd stateDir, name string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for sd.alive(name) {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
+// finalStatus reads what the stopped server of rec left: nothing after a clean stop, its
+// final status after a failure.
+func finalStatus(sd volume.StateDir, rec *volume.Record) error {
+	st, err := sd.ReadStatus(rec.Name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
 	}
-	return true
+	if err != nil {
+		return fmt.Errorf("%s: the server stopped, but its final status cannot be read: %w", rec.Name, err)
+	}
+	if st.Pid != rec.Pid {
+		return nil // a later server's: this one left none, so it stopped cleanly
+	}
+	where := ""
+	if rec.Log != "" {
+		where = " (log: " + rec.Log + ")"
+	}
+	if st.State != volume.StateStopped {
+		return fmt.Errorf("%s: the server exited without reporting its final commit; what was flushed is safe, "+
+			"and the next attach recovers the journal%s", rec.Name, where)
+	}
+	if msg := st.Problem(); msg != "" {
+		return errors.New(msg + where)
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/sector"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
 
@@ -31,7 +32,7 @@ eli volume is refused unless --force is given.`,
 			if !sector.ValidSectorSize(sectorSize) {
 				return usagef("--sector-size %d: need a power of two from %d to %d", sectorSize, sector.MinSectorSize, sector.MaxSectorSize)
 			}
-			sd, err := resolveStateDir(g)
+			sd, err := volume.ResolveStateDir(g.stateDir)
 			if err != nil {
 				return err
 			}
@@ -39,21 +40,18 @@ eli volume is refused unless --force is given.`,
 			if err != nil {
 				return err
 			}
-			lock, err := sd.lockName(cfg.Name)
-			if errors.Is(err, errNameTaken) {
-				return fmt.Errorf("the name %s is already attached (see 'eli list'); choose another with --name", cfg.Name)
-			}
+			lock, err := lockName(sd, cfg.Name)
 			if err != nil {
 				return err
 			}
-			defer lock.release()
-			sd.cleanup(cfg.Name, nil)
 			p, err := openLocked(args[0], false)
 			if err != nil {
+				lock.Release()
 				return err
 			}
-			defer p.Close()
 			if h, err := keys.Read(p); (err == nil || !errors.Is(err, keys.ErrNotELI)) && !force {
+				p.Close()
+				lock.Release()
 				what := "an eli header"
 				if err == nil {
 					what = "an eli volume (" + h.Mode.String() + ")"
@@ -62,14 +60,16 @@ eli volume is refused unless --force is given.`,
 			}
 			mk, err := keys.GenerateMasterKey()
 			if err != nil {
+				p.Close()
+				lock.Release()
 				return err
 			}
-			defer mk.Wipe()
 			cfg.Onetime, cfg.Mode, cfg.SectorSize, cfg.VolumeID = true, mode, sectorSize, mk.VolumeID()
 			if w := modeWarning(mode); w != "" {
 				warnf("%s", w)
 			}
-			return serveOrSpawn(cmd, sd, cfg, o.foreground, p, lock, mk)
+			a := &attachment{cfg: cfg, lock: lock, p: p, mk: mk}
+			return a.serve(cmd, sd, o.foreground)
 		},
 	}
 	f := cmd.Flags()

@@ -24,6 +24,12 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
+// silentError fails the command without a message: what it had to say is said.
+type silentError struct{ err error }
+
+func (e silentError) Error() string { return e.err.Error() }
+func (e silentError) Unwrap() error { return e.err }
+
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 // globalOptions are flags every command shares.
@@ -60,6 +66,7 @@ Start with 'eli init PROVIDER', then 'eli attach PROVIDER'; 'eli detach NAME' cl
 		newAttachCmd(g),
 		newDetachCmd(g),
 		newListCmd(g),
+		newStatusCmd(g),
 		newDumpCmd(g),
 		newSetkeyCmd(g),
 		newDelkeyCmd(g),
@@ -97,6 +104,9 @@ func run(args []string) int {
 	cmd, err := root.ExecuteC()
 	if err == nil {
 		return exitOK
+	}
+	if errors.As(err, &silentError{}) {
+		return exitError
 	}
 	fmt.Fprintf(os.Stderr, "eli: %v\n", err)
 	var ue usageError

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/elidisk/eli/volume"
+	"github.com/spf13/cobra"
+)
+
+func newStatusCmd(g *globalOptions) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status NAME|PROVIDER",
+		Short: "Show an attached volume's state and counters",
+		Long: `Status shows what the server of an attached volume has done: its state
+("serving", or "failed" once the provider failed a write or flush, after which an
+authenticated volume refuses writes), requests served (reads, writes, write-zeroes,
+trims, flushes), sectors that failed authentication, commits, what the attach found
+in the journal, and the last error.
+
+The server rewrites STATE_DIR/NAME.status when these change, at most four times a
+second and at once when the volume fails; status reads that file. After a server whose
+volume failed has stopped, status shows its final status until the next attach of NAME.`,
+		Example: "  eli status disk.img\n  eli status --json disk.img",
+		Args:    exactArgs("NAME|PROVIDER"),
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+			return attachedNames(g), cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sd, err := volume.ResolveStateDir(g.stateDir)
+			if err != nil {
+				return err
+			}
+			name := args[0]
+			if rec, err := sd.Find(name); err == nil {
+				name = rec.Name
+			} else if volume.ValidName(name) != nil {
+				return err
+			}
+			st, err := sd.ReadStatus(name)
+			if errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("%s is not attached (see 'eli list')", args[0])
+			}
+			if err != nil {
+				return err
+			}
+			if st.State != volume.StateStopped && !sd.Alive(name) {
+				st.State = volume.StateStopped
+				st.Final = "not made: the server was killed or crashed"
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			row := func(k, format string, a ...any) { fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, a...)...) }
+			row("name", "%s (pid %d)", st.Name, st.Pid)
+			row("mode", "%s", st.Mode)
+			row("state", "%s", st.State)
+			if st.Error != "" {
+				row("error", "%s", st.Error)
+			}
+			if st.Final != "" {
+				row("final commit", "%s", st.Final)
+			}
+			row("reads", "%d (%s)", st.Reads, formatSize(int64(st.BytesRead)))
+			row("writes", "%d (%s)", st.Writes, formatSize(int64(st.BytesWritten)))
+			row("write zeroes", "%d", st.WriteZeroes)
+			row("trims", "%d", st.Trims)
+			row("flushes", "%d", st.Flushes)
+			row("auth failures", "%d", st.AuthFailures)
+			row("commits", "%d", st.Commits)
+			row("journal at attach", "%s (%d sectors recovered)", st.Journal, st.RecoveredSectors)
+			if st.LastError != "" {
+				row("last error", "%s (%s)", st.LastError, st.LastErrorAt.Format(time.RFC3339))
+			} else {
+				row("last error", "none")
+			}
+			row("updated", "%s", st.Updated.Format(time.RFC3339))
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if msg := st.Problem(); msg != "" {
+				fmt.Fprintln(os.Stderr, "eli: "+msg)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
+	return cmd
+}

@@ -1,0 +1,152 @@
+package volume
+
+import (
+	"context"
+	"log/slog"
+	"reflect"
+	"time"
+
+	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/provider"
+)
+
+// statusEvery is how often the server looks whether its status changed, and so the
+// most a status file lags behind (a failure is written at once).
+const statusEvery = 250 * time.Millisecond
+
+// Run is a whole attachment's life: listen, open the volume on the unlocked provider p,
+// serve it, record it in the state directory, keep its status there, and when ctx ends
+// or a listener fails, stop: disconnect the kernel device, drain, close the volume,
+// write the final status and remove what the attachment left in sd. mk is wiped once
+// the volume is open.
+//
+// ready is called once clients can connect. An error returned before ready was called
+// is the attach's failure; one returned after it is the server's final status (for
+// example a final commit that the provider refused).
+//
+// The caller holds the name's lock and the provider's, and releases them after Run
+// returns (the provider first: see StateDir).
+func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk *keys.MasterKey, log *slog.Logger, ready func(*Record)) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	srv, err := Start(cfg, p, mk, log)
+	if err != nil {
+		return err
+	}
+	v, rec := srv.Volume(), srv.Record()
+	if err := sd.WriteRecord(rec); err != nil {
+		srv.Shutdown(context.Background())
+		sd.Cleanup(cfg.Name, rec, true)
+		return err
+	}
+	sw := &statusWriter{sd: sd, v: v, name: cfg.Name, pid: rec.Pid, log: log}
+	sw.write()
+	ready(rec)
+
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		sw.run(done)
+	}()
+	werr := srv.Wait(ctx)
+	serr := srv.Shutdown(context.Background())
+	close(done)
+	<-stopped
+
+	final := sw.final(serr)
+	if werr != nil && serr == nil {
+		serr = werr
+	}
+	// A failed server keeps its status and log for the user; the next attach removes them.
+	sd.Cleanup(cfg.Name, rec, !final.Failed())
+	return serr
+}
+
+// Start listens, opens the volume on the unlocked provider p, and serves it: the export
+// is ready for clients when it returns. mk is wiped once the volume is open; Shutdown
+// stops the server and closes the volume.
+func Start(cfg *Config, p provider.Provider, mk *keys.MasterKey, log *slog.Logger) (*Server, error) {
+	srv, err := Listen(cfg, log)
+	if err != nil {
+		mk.Wipe()
+		return nil, err
+	}
+	v, err := Open(p, mk, cfg.Options(log))
+	mk.Wipe() // the codec and the device hold what they need
+	if err != nil {
+		srv.closeListeners()
+		return nil, err
+	}
+	if err := srv.Start(v); err != nil {
+		v.Close()
+		return nil, err
+	}
+	return srv, nil
+}
+
+// statusWriter keeps NAME.status current.
+type statusWriter struct {
+	sd   StateDir
+	v    *Volume
+	name string
+	pid  int
+	log  *slog.Logger
+	last Status
+}
+
+func (w *statusWriter) snapshot() Status {
+	st := w.v.Status()
+	st.Name, st.Pid = w.name, w.pid
+	return st
+}
+
+func (w *statusWriter) write() {
+	st := w.snapshot()
+	w.put(&st)
+}
+
+func (w *statusWriter) put(st *Status) {
+	cmp := *st
+	cmp.Updated = w.last.Updated
+	if reflect.DeepEqual(cmp, w.last) && !w.last.Updated.IsZero() {
+		return
+	}
+	st.Updated = time.Now()
+	if err := w.sd.WriteStatus(st); err != nil {
+		w.log.Warn("write status", "err", err)
+		return
+	}
+	w.last = *st
+}
+
+// run rewrites the status when it changes, until done.
+func (w *statusWriter) run(done <-chan struct{}) {
+	t := time.NewTicker(statusEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-w.v.changed:
+			w.write()
+		case <-t.C:
+			w.write()
+		}
+	}
+}
+
+// final writes the status of a stopped server whose Shutdown returned err.
+func (w *statusWriter) final(err error) Status {
+	st := w.snapshot()
+	st.State, st.Final = StateStopped, "ok"
+	if err != nil {
+		st.Final = err.Error()
+	}
+	if f := w.v.Err(); f != nil {
+		st.Error = f.Error()
+	}
+	w.put(&st)
+	return st
+}

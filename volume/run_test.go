@@ -1,0 +1,181 @@
+package volume
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/nbdclient"
+	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/sector"
+)
+
+func generateKey(t *testing.T) *keys.MasterKey {
+	t.Helper()
+	mk, err := keys.GenerateMasterKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mk
+}
+
+// TestRunLifecycle: Run records the volume and keeps its status in the state directory
+// while it serves, and a clean stop leaves nothing there; a provider failure shows as
+// the failed state at once, and the stopped server leaves its final status (what failed,
+// what the data is worth) and its log, and nothing else.
+func TestRunLifecycle(t *testing.T) {
+	t.Parallel()
+	for _, fail := range []bool{false, true} {
+		name := map[bool]string{false: "clean", true: "failed"}[fail]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			path, _, mk := testVolume(t, t.TempDir(), 8<<20, sector.Default)
+			defer mk.Wipe()
+			pf, err := provider.Open(path, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pf.Close()
+			p := &failingProvider{File: pf}
+			sd := StateDir{Path: shortDir(t)}
+			lock, err := sd.LockName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A log as the background server has one: kept only if the volume fails.
+			if err := os.WriteFile(sd.File(name, ".log"), []byte("log\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg := &Config{Name: name, Provider: path, Socket: sd.File(name, ".sock"), LogFile: sd.File(name, ".log")}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ready := make(chan *Record, 1)
+			done := make(chan error, 1)
+			go func() { done <- Run(ctx, cfg, sd, p, copyKey(t, mk), nil, func(r *Record) { ready <- r }) }()
+			var rec *Record
+			select {
+			case rec = <-ready:
+			case err := <-done:
+				t.Fatalf("Run failed before it was ready: %v", err)
+			}
+			if got, err := sd.ReadRecord(name); err != nil || got.Pid != os.Getpid() || got.URI != rec.URI {
+				t.Fatalf("record: %+v, %v", got, err)
+			}
+			if st, err := sd.ReadStatus(name); err != nil || st.State != StateServing || st.Name != name {
+				t.Fatalf("status once ready: %+v, %v", st, err)
+			}
+
+			c, err := nbdclient.Dial("unix", cfg.Socket, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := c.WriteAt(bytes.Repeat([]byte{7}, 8192), 0, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if fail {
+				p.armed.Store(true)
+				c.WriteAt(bytes.Repeat([]byte{8}, 8192), 8192, false)
+				if err := c.Flush(); err == nil {
+					t.Fatal("flush on a failing provider succeeded")
+				}
+			}
+			// The status follows: at once for a failure, within statusEvery for counters.
+			want := StateServing
+			if fail {
+				want = StateFailed
+			}
+			deadline := time.Now().Add(time.Minute) // a hang guard, not a timing assertion
+			for {
+				st, err := sd.ReadStatus(name)
+				if err == nil && st.State == want && st.Writes >= 1 && st.Flushes >= 1 {
+					if fail && !strings.Contains(st.Error, "no space left") {
+						t.Errorf("failed status names no cause: %+v", st)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("status never showed %s with the requests: %+v, %v", want, st, err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			c.Close()
+
+			cancel()
+			err = <-done
+			pf.Close()
+			lock.Release()
+			if fail != (err != nil) {
+				t.Fatalf("Run returned %v; want an error iff the provider failed", err)
+			}
+			for _, ext := range []string{".json", ".sock", ".lock"} {
+				if _, err := os.Stat(sd.File(name, ext)); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s%s left behind: %v", name, ext, err)
+				}
+			}
+			st, serr := sd.ReadStatus(name)
+			_, lerr := os.Stat(sd.File(name, ".log"))
+			if !fail {
+				if !errors.Is(serr, os.ErrNotExist) || !errors.Is(lerr, os.ErrNotExist) {
+					t.Errorf("a clean stop left its status (%v) or log (%v)", serr, lerr)
+				}
+				if ents, _ := os.ReadDir(sd.Path); len(ents) != 0 {
+					t.Errorf("state directory after a clean stop: %v", ents)
+				}
+				return
+			}
+			if serr != nil || lerr != nil {
+				t.Fatalf("a failed server must keep its status (%v) and log (%v)", serr, lerr)
+			}
+			msg := st.Problem()
+			if st.State != StateStopped || !st.Failed() || !strings.Contains(msg, "no space left") ||
+				!strings.Contains(msg, "journal") || strings.Contains(msg, "\n") {
+				t.Errorf("final status %+v; problem %q", st, msg)
+			}
+			// The next attach of the name clears them.
+			sd.Cleanup(name, nil, true)
+			if ents, _ := os.ReadDir(sd.Path); len(ents) != 0 {
+				t.Errorf("state directory after the next attach's cleanup: %v", ents)
+			}
+		})
+	}
+}
+
+// TestRunListenFailureTouchesNothing: a socket that cannot be bound fails Run before
+// the provider is opened: a onetime volume's provider is not formatted.
+func TestRunListenFailureTouchesNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "p.img")
+	orig := bytes.Repeat([]byte("not eli"), 1<<17)
+	if err := os.WriteFile(path, orig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := provider.Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	mk := generateKey(t)
+	cfg := &Config{Name: "x", Provider: path, Socket: "/proc/eli-cannot-be-here.sock", Onetime: true, Mode: sector.Default, SectorSize: 4096, VolumeID: mk.VolumeID()}
+	sd := StateDir{Path: shortDir(t)}
+	err = Run(context.Background(), cfg, sd, p, mk, nil, func(*Record) { t.Error("ready called") })
+	if err == nil || !strings.Contains(err.Error(), "listen") {
+		t.Fatalf("Run on an unusable socket: %v", err)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, orig) {
+		t.Error("a failed listen changed the provider")
+	}
+	if ents, _ := os.ReadDir(sd.Path); len(ents) != 0 {
+		t.Errorf("a failed start left %v", ents)
+	}
+}

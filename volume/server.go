@@ -1,0 +1,255 @@
+package volume
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/elidisk/eli/nbd"
+	"github.com/elidisk/eli/nbdclient"
+	"github.com/elidisk/eli/nbdkernel"
+	"github.com/elidisk/eli/sector"
+)
+
+// Config is everything a server needs besides the provider, the name lock and the master
+// key. The background server receives it as JSON from `eli attach`; it holds no secret.
+type Config struct {
+	Name        string `json:"name"`
+	Provider    string `json:"provider"`
+	Socket      string `json:"socket"`
+	Listen      string `json:"listen,omitempty"`
+	TLSCert     string `json:"tls_cert,omitempty"`
+	TLSKey      string `json:"tls_key,omitempty"`
+	TLSClientCA string `json:"tls_client_ca,omitempty"`
+	InsecureTCP bool   `json:"insecure_tcp,omitempty"`
+	ReadOnly    bool   `json:"readonly,omitempty"`
+	Device      string `json:"device,omitempty"`
+	Connections int    `json:"connections,omitempty"`
+	CacheBytes  int64  `json:"cache_bytes,omitempty"`
+	LogFile     string `json:"log_file,omitempty"`
+
+	// Onetime volumes have no header: the mode and sector size come from here, and the
+	// provider is formatted by the server before it is served.
+	Onetime    bool        `json:"onetime,omitempty"`
+	Mode       sector.Mode `json:"mode,omitempty"`
+	SectorSize int         `json:"sector_size,omitempty"`
+	VolumeID   [16]byte    `json:"volume_id"`
+}
+
+// Options are the Open options cfg asks for.
+func (cfg *Config) Options(log *slog.Logger) Options {
+	o := Options{ReadOnly: cfg.ReadOnly, CacheBytes: cfg.CacheBytes, Logger: log}
+	if cfg.Onetime {
+		o.Onetime = &Onetime{Mode: cfg.Mode, SectorSize: cfg.SectorSize}
+	}
+	return o
+}
+
+// UnixURI is the NBD URI of a unix socket, escaping only what a URI query cannot hold
+// literally, so that the common path reads as itself.
+func UnixURI(socket string) string {
+	return "nbd+unix:///?socket=" + uriEscaper.Replace(socket)
+}
+
+var uriEscaper = strings.NewReplacer("%", "%25", "&", "%26", "#", "%23", " ", "%20", "+", "%2B", "?", "%3F", "=", "%3D")
+
+// Server serves one Volume: NBD on a unix socket and, if asked, on TCP (with TLS), and
+// the kernel's NBD device. Listen binds the sockets, Start serves a volume on them,
+// Shutdown stops everything and closes the volume; in between Wait blocks.
+type Server struct {
+	cfg       *Config
+	log       *slog.Logger
+	vol       *Volume
+	servers   []*nbd.Server
+	listeners []net.Listener // not yet handed to a server
+	tlsConf   *tls.Config
+	tcpAddr   string // the TCP listener's address, if any
+	errc      chan error
+	devIndex  int
+	rec       *Record
+	closed    bool  // Shutdown closed the volume
+	closeErr  error // and this is what Close said
+}
+
+// Listen binds the server's sockets. It comes before the volume is opened: a socket or
+// port that cannot be used must fail the attach before anything touches the provider.
+func Listen(cfg *Config, log *slog.Logger) (*Server, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, log: log, errc: make(chan error, 2), devIndex: -1}
+	ul, err := nbd.ListenUnix(cfg.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Socket, err)
+	}
+	s.listeners = append(s.listeners, ul)
+	if cfg.Listen != "" {
+		if cfg.TLSCert != "" {
+			if s.tlsConf, err = nbd.TLSConfigFromFiles(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA); err != nil {
+				s.closeListeners()
+				return nil, err
+			}
+		}
+		tl, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			s.closeListeners()
+			return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+		}
+		s.listeners = append(s.listeners, tl)
+		s.tcpAddr = tl.Addr().String() // the port, when cfg.Listen asked for any
+	}
+	return s, nil
+}
+
+func (s *Server) closeListeners() {
+	for _, l := range s.listeners {
+		l.Close()
+	}
+	s.listeners = nil
+}
+
+// Start serves v on the listeners and connects the kernel device if the config names
+// one. On success the export is ready for clients, and the server owns v: Shutdown
+// closes it. On failure Start stops what it started, and v is the caller's to close.
+func (s *Server) Start(v *Volume) error {
+	s.vol = v
+	ss := uint32(v.SectorSize())
+	desc := fmt.Sprintf("eli volume %s (%s)", s.cfg.Name, v.Mode())
+	exports := []nbd.Export{
+		{Name: "", Description: desc, Backend: v, ReadOnly: s.cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
+		{Name: s.cfg.Name + ".eli", Description: desc, Backend: v, ReadOnly: s.cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
+	}
+	for i, l := range s.listeners {
+		srv := &nbd.Server{Exports: exports, Logger: s.log}
+		if i > 0 { // TCP
+			srv.TLSConfig, srv.AllowInsecureTCP = s.tlsConf, s.cfg.InsecureTCP
+			s.log.Info("listening on TCP", "addr", l.Addr().String(), "tls", s.tlsConf != nil)
+		}
+		s.servers = append(s.servers, srv)
+		go func() { s.errc <- srv.Serve(l) }()
+	}
+	s.listeners = nil // the servers own them now
+
+	if s.cfg.Device != "" {
+		idx, err := s.connectKernel()
+		if err != nil {
+			s.vol = nil
+			s.stopServing(context.Background())
+			return err
+		}
+		s.devIndex = idx
+	}
+
+	dev, ino, _ := FileID(s.cfg.Provider)
+	s.rec = &Record{
+		Name: s.cfg.Name, Provider: s.cfg.Provider, Dev: dev, Ino: ino, Mode: v.Mode().String(),
+		SectorSize: v.SectorSize(), Size: v.Size(), Socket: s.cfg.Socket, Listen: s.tcpAddr, URI: UnixURI(s.cfg.Socket),
+		Device: s.cfg.Device, DeviceIdx: s.devIndex, ReadOnly: s.cfg.ReadOnly, Onetime: s.cfg.Onetime,
+		Pid: os.Getpid(), Log: s.cfg.LogFile,
+	}
+	r := v.Recovery()
+	s.log.Info("attached", "name", s.cfg.Name, "provider", s.cfg.Provider, "mode", v.Mode().String(),
+		"size", v.Size(), "socket", s.cfg.Socket, "journal", r.Journal, "recovered_sectors", r.Sectors)
+	return nil
+}
+
+// Record describes the running server, for the state directory.
+func (s *Server) Record() *Record { return s.rec }
+
+// Volume is the volume being served.
+func (s *Server) Volume() *Volume { return s.vol }
+
+// connectKernel negotiates cfg.Connections sockets with our own server and hands them to
+// the kernel's NBD driver.
+func (s *Server) connectKernel() (int, error) {
+	idx, err := nbdkernel.ParseDevice(s.cfg.Device)
+	if err != nil {
+		return -1, err
+	}
+	n := max(s.cfg.Connections, 1)
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	var flags uint16
+	for i := 0; i < n; i++ {
+		c, err := nbdclient.Dial("unix", s.cfg.Socket, "")
+		if err != nil {
+			return -1, err
+		}
+		flags = c.Export.Flags
+		f, err := c.Conn().(*net.UnixConn).File()
+		c.Conn().Close()
+		if err != nil {
+			return -1, err
+		}
+		files = append(files, f)
+	}
+	return nbdkernel.Connect(nbdkernel.Config{
+		Index: idx, Size: uint64(s.vol.Size()), BlockSize: uint64(s.vol.SectorSize()),
+		ServerFlags: flags, TimeoutSeconds: 30, Sockets: files,
+	})
+}
+
+// Wait blocks until ctx ends or a listener fails.
+func (s *Server) Wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-s.errc:
+		if errors.Is(err, nbd.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}
+
+// Shutdown disconnects the kernel device (this is the one place that does), drains and
+// closes every connection, and closes the volume: the final commit and flush, and the
+// wiping of its keys. Its error is the volume's final status; nil means every write the
+// server acknowledged is on the provider. Connections still busy when ctx ends (30 s at
+// most) are closed.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.stopServing(ctx)
+	if s.vol == nil || s.closed {
+		return s.closeErr
+	}
+	s.closed = true
+	err := s.vol.Close()
+	s.closeErr = err
+	if err != nil {
+		s.log.Error("final commit and flush failed", "name", s.cfg.Name, "err", err)
+	} else {
+		s.log.Info("detached", "name", s.cfg.Name)
+	}
+	return err
+}
+
+// disconnect is nbdkernel.Disconnect; tests count its calls.
+var disconnect = nbdkernel.Disconnect
+
+func (s *Server) stopServing(ctx context.Context) {
+	if s.devIndex >= 0 {
+		if err := disconnect(s.devIndex); err != nil {
+			s.log.Warn("disconnect kernel device", "device", s.cfg.Device, "err", err)
+		}
+		s.devIndex = -1
+	}
+	s.closeListeners()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for _, srv := range s.servers {
+		if err := srv.Shutdown(ctx); err != nil {
+			s.log.Warn("shutdown", "err", err)
+		}
+	}
+	s.servers = nil
+}

@@ -1,0 +1,366 @@
+package volume
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// StateDir is the directory that holds, per attached volume NAME:
+//
+//	NAME.lock    flock'ed by the server for its whole life: the liveness test. A record
+//	             whose lock can be taken belongs to a server that is gone (killed,
+//	             crashed). The server removes it, still holding it, when it stops.
+//	NAME.json    the record `eli list` and `eli detach` read, written once the export is
+//	             ready
+//	NAME.sock    the default unix socket
+//	NAME.status  the server's Status, rewritten while it runs (see Status)
+//	NAME.log     the server's log when it runs in the background, at most MaxLogBytes,
+//	             with one older part in NAME.log.1
+//
+// A server that stops cleanly removes all of them. One whose volume failed keeps
+// NAME.status and NAME.log, so that `eli detach`, `eli status` and the user can read what
+// went wrong; the next attach of NAME removes them.
+//
+// Liveness comes from the lock, never from a pid, so a recycled pid cannot be mistaken for
+// a server, and anything a killed server left behind never blocks the next attach.
+type StateDir struct{ Path string }
+
+// Record describes one attached volume.
+type Record struct {
+	Name       string `json:"name"`
+	Provider   string `json:"provider"`
+	Dev        uint64 `json:"dev"`
+	Ino        uint64 `json:"ino"`
+	Mode       string `json:"mode"`
+	SectorSize int    `json:"sector_size"`
+	Size       int64  `json:"size"`
+	Socket     string `json:"socket"`
+	Listen     string `json:"listen,omitempty"`
+	URI        string `json:"uri"`
+	Device     string `json:"device,omitempty"`
+	DeviceIdx  int    `json:"device_index,omitempty"`
+	ReadOnly   bool   `json:"readonly,omitempty"`
+	Onetime    bool   `json:"onetime,omitempty"`
+	Pid        int    `json:"pid"`
+	Log        string `json:"log,omitempty"`
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$`)
+
+// ValidName checks a volume's name: it names files in the state directory.
+func ValidName(name string) error {
+	if !nameRE.MatchString(name) || strings.HasSuffix(name, ".") {
+		return fmt.Errorf("invalid name %q: use up to 64 letters, digits and . _ + - (not starting with a dot)", name)
+	}
+	return nil
+}
+
+// DefaultName is the provider's base name, made valid.
+func DefaultName(provider string) string {
+	base := filepath.Base(provider)
+	b := []byte(base)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '+' || c == '-') {
+			b[i] = '_'
+		}
+	}
+	s := strings.TrimLeft(string(b), ".")
+	if len(s) > 64 {
+		s = s[:64]
+	}
+	if s == "" {
+		s = "eli"
+	}
+	return s
+}
+
+// ResolveStateDir is dir, or else $ELI_STATE_DIR, or else the default: /run/eli for
+// root, $XDG_RUNTIME_DIR/eli, or /tmp/eli-UID.
+func ResolveStateDir(dir string) (StateDir, error) {
+	if dir == "" {
+		dir = os.Getenv("ELI_STATE_DIR")
+	}
+	if dir == "" {
+		switch {
+		case os.Geteuid() == 0:
+			dir = "/run/eli"
+		case os.Getenv("XDG_RUNTIME_DIR") != "":
+			dir = filepath.Join(os.Getenv("XDG_RUNTIME_DIR"), "eli")
+		default:
+			dir = filepath.Join(os.TempDir(), fmt.Sprintf("eli-%d", os.Geteuid()))
+		}
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return StateDir{}, err
+	}
+	return StateDir{abs}, nil
+}
+
+func (s StateDir) ensure() error {
+	if err := os.MkdirAll(s.Path, 0o700); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	st, err := os.Stat(s.Path)
+	if err != nil {
+		return err
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("state directory %s is accessible to others (mode %v): it must be 0700", s.Path, st.Mode().Perm())
+	}
+	return nil
+}
+
+// File is NAME+ext in the directory.
+func (s StateDir) File(name, ext string) string { return filepath.Join(s.Path, name+ext) }
+
+// NameLock is the flock a live server holds on NAME.lock.
+type NameLock struct {
+	f    *os.File
+	path string
+}
+
+// ErrNameTaken: a live server holds the name.
+var ErrNameTaken = errors.New("name is in use")
+
+// LockName takes NAME's lock; it fails with ErrNameTaken if a live server has it.
+func (s StateDir) LockName(name string) (*NameLock, error) {
+	if err := s.ensure(); err != nil {
+		return nil, err
+	}
+	path := s.File(name, ".lock")
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("open lock for %s: %w", name, err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if err == unix.EWOULDBLOCK {
+				return nil, ErrNameTaken
+			}
+			return nil, fmt.Errorf("lock %s: %w", name, err)
+		}
+		// Its holder removes the file before it lets go: a lock on a file that is no
+		// longer at path is a lock on nothing, so try again with whatever is there now.
+		if samePath(f, path) {
+			return &NameLock{f: f, path: path}, nil
+		}
+		f.Close()
+	}
+}
+
+// NameLockFromFile adopts a lock inherited already locked (the background server's).
+func (s StateDir) NameLockFromFile(f *os.File, name string) *NameLock {
+	return &NameLock{f: f, path: s.File(name, ".lock")}
+}
+
+// File is the locked file, for a child process to inherit.
+func (l *NameLock) File() *os.File { return l.f }
+
+// Release removes the lock file and lets go of the lock: the name is free and leaves
+// nothing behind. Only the lock's holder may call it (the file is removed while locked).
+func (l *NameLock) Release() {
+	if samePath(l.f, l.path) {
+		os.Remove(l.path)
+	}
+	l.f.Close()
+}
+
+// Close lets go of this process's hold on the lock and leaves the file: for a process
+// that handed the lock to a child, which holds it on.
+func (l *NameLock) Close() { l.f.Close() }
+
+// samePath reports whether f is still the file at path.
+func samePath(f *os.File, path string) bool {
+	a, err1 := f.Stat()
+	b, err2 := os.Stat(path)
+	return err1 == nil && err2 == nil && os.SameFile(a, b)
+}
+
+// Alive reports whether a server holds NAME's lock right now.
+func (s StateDir) Alive(name string) bool {
+	f, err := os.Open(s.File(name, ".lock"))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err == unix.EWOULDBLOCK {
+		return true
+	}
+	return false
+}
+
+// WaitGone waits until no server holds NAME's lock, for at most timeout.
+func (s StateDir) WaitGone(name string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for s.Alive(name) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// Cleanup removes what a server for name may have left behind: its socket and record,
+// and with all also its status and log (those of a failed server are kept for the user
+// until the next attach of the name). Call it only while holding the name's lock, or
+// after Alive(name) said no.
+func (s StateDir) Cleanup(name string, rec *Record, all bool) {
+	if rec != nil && rec.Socket != "" && rec.Socket != s.File(name, ".sock") {
+		removeIfSocket(rec.Socket)
+	}
+	removeIfSocket(s.File(name, ".sock"))
+	os.Remove(s.File(name, ".json"))
+	if all {
+		os.Remove(s.File(name, ".status"))
+		os.Remove(s.File(name, ".log"))
+		os.Remove(s.File(name, ".log.1"))
+	}
+}
+
+func removeIfSocket(path string) {
+	if st, err := os.Lstat(path); err == nil && st.Mode()&fs.ModeSocket != 0 {
+		os.Remove(path)
+	}
+}
+
+// writeJSON replaces NAME+ext with v, atomically.
+func (s StateDir) writeJSON(name, ext string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := s.File(name, ext+".tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	if err := os.Rename(tmp, s.File(name, ext)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write state: %w", err)
+	}
+	return nil
+}
+
+// readJSON reads NAME+ext into v, refusing a file too large to be ours.
+func (s StateDir) readJSON(name, ext string, v any) error {
+	b, err := os.ReadFile(s.File(name, ext))
+	if err != nil {
+		return err
+	}
+	if len(b) > 1<<20 {
+		return fmt.Errorf("state file %s%s is implausibly large", name, ext)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("state file %s%s is damaged: %w", name, ext, err)
+	}
+	return nil
+}
+
+// WriteRecord writes the record of an attached volume.
+func (s StateDir) WriteRecord(r *Record) error { return s.writeJSON(r.Name, ".json", r) }
+
+// ReadRecord reads NAME's record.
+func (s StateDir) ReadRecord(name string) (*Record, error) {
+	var r Record
+	if err := s.readJSON(name, ".json", &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// WriteStatus writes NAME's status.
+func (s StateDir) WriteStatus(st *Status) error { return s.writeJSON(st.Name, ".status", st) }
+
+// ReadStatus reads NAME's status: the live one of a running server, or the last one of
+// a server that failed.
+func (s StateDir) ReadStatus(name string) (*Status, error) {
+	var st Status
+	if err := s.readJSON(name, ".status", &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// Live lists the records of running servers, sorted by name, and clears away what dead
+// ones left behind (but the status and log of a failed one).
+func (s StateDir) Live() ([]*Record, error) {
+	ents, err := os.ReadDir(s.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read state directory: %w", err)
+	}
+	seen := map[string]bool{}
+	var out []*Record
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			name, ok = strings.CutSuffix(e.Name(), ".lock")
+		}
+		if !ok || seen[name] || ValidName(name) != nil {
+			continue
+		}
+		seen[name] = true
+		rec, err := s.ReadRecord(name)
+		if !s.Alive(name) {
+			if l, lerr := s.LockName(name); lerr == nil {
+				s.Cleanup(name, rec, false)
+				l.Release()
+			}
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		out = append(out, rec)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// FileID identifies a provider independently of the path used to name it.
+func FileID(path string) (dev, ino uint64, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, 0, err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+		return st.Rdev, 0, nil
+	}
+	return st.Dev, st.Ino, nil
+}
+
+// Find resolves what the user typed (a name, or a provider path) to a live record.
+func (s StateDir) Find(arg string) (*Record, error) {
+	recs, err := s.Live()
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range recs {
+		if r.Name == arg {
+			return r, nil
+		}
+	}
+	if dev, ino, err := FileID(arg); err == nil {
+		for _, r := range recs {
+			if r.Dev == dev && r.Ino == ino {
+				return r, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("%s is not attached (see 'eli list')", arg)
+}

@@ -1,0 +1,119 @@
+package volume
+
+import (
+	"fmt"
+	"time"
+)
+
+// States of a volume in its Status.
+const (
+	StateServing = "serving" // attached and answering
+	StateFailed  = "failed"  // the provider failed a write or flush (authenticated modes then refuse writes)
+	StateStopped = "stopped" // the server has exited (Status.Final says how)
+)
+
+// Status is what the server reports about its volume: `eli status`, the state column of
+// `eli list`, and the final word `eli detach` reports. The server rewrites it in the
+// state directory (NAME.status, see StateDir) when it changes, at most a few times a
+// second, at once when the volume fails, and a last time when it stops.
+type Status struct {
+	Name  string `json:"name"`
+	Pid   int    `json:"pid"`
+	Mode  string `json:"mode"`
+	State string `json:"state"`
+	// Error is the provider failure that stopped the volume (State "failed", or
+	// "stopped" after one).
+	Error string `json:"error,omitempty"`
+	// Final is the outcome of the last commit and flush when the server stopped: "ok",
+	// or what failed. Empty while the server runs.
+	Final string `json:"final,omitempty"`
+
+	Reads        uint64 `json:"reads"`
+	Writes       uint64 `json:"writes"`
+	WriteZeroes  uint64 `json:"write_zeroes"`
+	Trims        uint64 `json:"trims"`
+	Flushes      uint64 `json:"flushes"`
+	Caches       uint64 `json:"caches"`
+	BytesRead    uint64 `json:"bytes_read"`
+	BytesWritten uint64 `json:"bytes_written"`
+	AuthFailures uint64 `json:"auth_failures"`
+	Commits      uint64 `json:"commits"`
+	// Journal is what the attach found in the journal ("replayed" and "torn" are the
+	// recoveries of a crash; see blockdev.Recovery), and RecoveredSectors how many
+	// sectors it rolled forward or back.
+	Journal          string `json:"journal"`
+	RecoveredSectors int    `json:"recovered_sectors"`
+
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+	Updated     time.Time `json:"updated"`
+	// Authenticated says whether the mode keeps a journal: it decides what a failure
+	// means for the data.
+	Authenticated bool `json:"authenticated"`
+}
+
+// Status is a snapshot of v's counters and state.
+func (v *Volume) Status() Status {
+	st := v.dev.Stats()
+	r := v.dev.Recovery()
+	s := Status{
+		Mode:             v.mode.String(),
+		State:            StateServing,
+		Reads:            v.reads.Load(),
+		Writes:           v.writes.Load(),
+		WriteZeroes:      v.zeroes.Load(),
+		Trims:            v.trims.Load(),
+		Flushes:          v.flushes.Load(),
+		Caches:           v.caches.Load(),
+		BytesRead:        v.bytesRead.Load(),
+		BytesWritten:     v.bytesWritten.Load(),
+		AuthFailures:     st.AuthFailures,
+		Commits:          st.Commits,
+		Journal:          r.Journal,
+		RecoveredSectors: r.Sectors,
+		Authenticated:    v.mode.Authenticated(),
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.failed != nil {
+		s.State, s.Error = StateFailed, v.failed.Error()
+	}
+	if v.lastErr != nil {
+		s.LastError, s.LastErrorAt = v.lastErr.Error(), v.lastTime
+	}
+	return s
+}
+
+// Failed reports whether the server stopped, or runs, with its data not all safe.
+func (s *Status) Failed() bool {
+	return s.State == StateFailed || s.Error != "" || (s.Final != "" && s.Final != "ok")
+}
+
+// Problem is one line saying what failed and what state the data is in ("" when nothing
+// failed).
+func (s *Status) Problem() string {
+	if !s.Failed() {
+		return ""
+	}
+	finalFailed := s.Final != "" && s.Final != "ok"
+	var what string
+	switch {
+	case s.Error != "" && finalFailed && s.Final != s.Error:
+		what = "the provider failed while serving (" + s.Error + "), and the final commit and flush failed too: " + s.Final
+	case s.Error != "" && finalFailed:
+		what = "the provider failed while serving, so the final commit could not be made: " + s.Error
+	case s.Error != "":
+		what = "the provider failed: " + s.Error
+	default:
+		what = "the final commit and flush failed: " + s.Final
+	}
+	var data string
+	if s.Authenticated {
+		data = "what was flushed before the failure is safe; writes since then may be lost, " +
+			"and the next attach rolls the journal forward or back to a consistent volume"
+	} else {
+		data = "what was flushed before the failure is safe; writes since then may be lost " +
+			"or partly written (this mode has no journal)"
+	}
+	return fmt.Sprintf("%s: %s; %s", s.Name, what, data)
+}
