@@ -428,6 +428,19 @@ func TestDemo(t *testing.T) {
 	}
 }
 
+// TestDemoModeNone: the demo runs for a mode without encryption too, and says the
+// plaintext is on the provider instead of failing on it.
+func TestDemoModeNone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.OK("demo", "--cipher", "none", "--dir", e.Dir)
+	for _, want := range []string{"does not encrypt", "the data is intact", "==> done"} {
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("demo --cipher none output lacks %q:\n%s", want, r.Stdout)
+		}
+	}
+}
+
 func TestCompletion(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -222,9 +222,8 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 	if err != nil {
 		return nil, err
 	}
-	if h.Mode.Unsafe() {
-		warnf("%s uses %s, which is UNSAFE: its keystream is fixed per sector, so two versions of a sector "+
-			"(or one known plaintext) reveal its contents. Use it for benchmarks only.", path, h.Mode)
+	if w := modeWarning(h.Mode); w != "" {
+		warnf("%s: %s", path, w)
 	}
 	cfg.VolumeID = h.VolumeID
 	ok = true

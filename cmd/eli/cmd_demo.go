@@ -16,6 +16,7 @@ import (
 
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdclient"
+	"github.com/elidisk/eli/sector"
 	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
@@ -158,10 +159,14 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 	if err != nil {
 		return err
 	}
-	if bytes.Contains(raw, marker) {
+	switch found := bytes.Contains(raw, marker); {
+	case found && cipher == sector.ModeNone.String():
+		step("mode none does not encrypt: the marker line is in %s as plaintext", img)
+	case found:
 		return errors.New("demo: plaintext found on the provider")
+	default:
+		step("the provider holds no plaintext: the marker line is not in %s", img)
 	}
-	step("the provider holds no plaintext: the marker line is not in %s", img)
 
 	step("eli attach again; the data is intact")
 	err = session(func(c *nbdclient.Client) error {

@@ -194,6 +194,12 @@ func TestCipherNoneNeedsUnsafe(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.FailsCode(2, "does NOT encrypt", "onetime", "--cipher", "none", scratch)
+	// Every attach of such a volume says it again.
+	r = e.OK("attach", "--passphrase-file", e.Pass, img)
+	if !strings.Contains(r.Stderr, "does NOT encrypt") {
+		t.Errorf("attach of a mode none volume does not warn: %v", r)
+	}
+	e.OK("detach", img)
 }
 
 func TestMessages(t *testing.T) {
