@@ -47,9 +47,11 @@
 //  4. Only then do new requests go out.
 //
 // If the log could not keep an acknowledged unflushed write (ReplayLimit reached, or
-// negative), a reconnection makes the next FLUSH fail with ErrDurability (an EIO): the
-// caller learns that writes since its last successful Sync may be gone, instead of being
-// told they are durable. The same holds when a rewrite from the log fails.
+// negative), a reconnection marks its range lost, as it does the range of a rewrite
+// from the log that fails. Every Sync then fails with ErrDurability (an EIO) until
+// acknowledged writes have covered all lost ranges again: any Sync covers the lost
+// writes, which were acknowledged before it, so none may report them durable, whichever
+// caller made them.
 //
 // A call that runs out of time returns EIO and is never re-sent later, so it cannot
 // overwrite a write its caller makes after seeing the error; its connection is closed so

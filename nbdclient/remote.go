@@ -97,9 +97,9 @@ type Remote struct {
 	pending    map[*op]struct{} // sent (or to be re-sent) and not yet answered
 	log        []*op            // acknowledged, not yet flushed writes, in ackSeq order
 	logBytes   int64
-	lostSeq    uint64 // newest acknowledged unflushed write that was not kept (0: none)
-	poisoned   bool   // the next flush fails with ErrDurability
-	redials    int    // reconnections made (for tests and messages)
+	unkept     unkeptSpans // acknowledged, not flushed, not in the log
+	lost       lostSpans   // data a reconnection may have lost: flushes fail until rewritten
+	redials    int         // reconnections made (for tests and messages)
 	reconnDone chan struct{}
 
 	flightMu   sync.Mutex
@@ -269,8 +269,7 @@ func (r *Remote) start(o *op, deadline time.Time) error {
 		r.mu.Unlock()
 		return errClosed
 	}
-	if o.cmd == nbdproto.CmdFlush && r.poisoned {
-		r.poisoned = false
+	if o.cmd == nbdproto.CmdFlush && len(r.lost) > 0 {
 		r.mu.Unlock()
 		return ErrDurability
 	}
@@ -330,7 +329,7 @@ func (r *Remote) complete(o *op, err error) {
 	if o.logEntry {
 		if err != nil {
 			// A rewrite of an acknowledged write failed: its data may be gone.
-			r.poisoned = true
+			r.lost.add(o.off, o.off+uint64(o.length))
 		}
 		r.finish(o, err)
 		return
@@ -338,6 +337,9 @@ func (r *Remote) complete(o *op, err error) {
 	if err == nil {
 		switch {
 		case o.isWrite():
+			if o.cmd != nbdproto.CmdTrim {
+				r.lost.rewritten(o.off, o.off+uint64(o.length))
+			}
 			r.ackSeq++
 			o.ackSeq = r.ackSeq
 			r.retain(o)
@@ -355,7 +357,7 @@ func (r *Remote) retain(o *op) {
 	}
 	cost := logEntryCost + int64(len(o.keep))
 	if (o.cmd == nbdproto.CmdWrite && o.keep == nil) || r.logBytes+cost > r.opts.ReplayLimit {
-		r.lostSeq = o.ackSeq
+		r.unkept.add(span{off: o.off, end: o.off + uint64(o.length), ackSeq: o.ackSeq})
 		return
 	}
 	e := &op{cmd: o.cmd, flags: o.flags, off: o.off, length: o.length, data: o.keep, ackSeq: o.ackSeq, logEntry: true}
@@ -376,9 +378,7 @@ func (r *Remote) flushed(mark uint64) {
 		i++
 	}
 	r.log = r.log[i:]
-	if r.lostSeq != 0 && r.lostSeq <= mark {
-		r.lostSeq = 0
-	}
+	r.unkept.flushed(mark)
 }
 
 // connDied is the connections' callback: take the pool down and reconnect.
@@ -456,9 +456,10 @@ func (r *Remote) replay(conns []*pconn, exp Export) bool {
 	r.conns, r.export = conns, exp
 	r.size.Store(int64(exp.Size))
 	r.redials++
-	if r.lostSeq != 0 {
-		r.poisoned, r.lostSeq = true, 0
+	for _, u := range r.unkept {
+		r.lost.add(u.off, u.end)
 	}
+	r.unkept = r.unkept[:0]
 	var writes, rest []*op
 	for o := range r.pending {
 		if o.logEntry {
@@ -520,8 +521,7 @@ func (r *Remote) replay(conns []*pconn, exp Export) bool {
 			continue
 		}
 		if o.cmd == nbdproto.CmdFlush {
-			if r.poisoned {
-				r.poisoned = false
+			if len(r.lost) > 0 {
 				r.finish(o, ErrDurability)
 				continue
 			}

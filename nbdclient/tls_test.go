@@ -23,7 +23,9 @@ func pki(t *testing.T, dir string) (serverDir, clientDir string) {
 			t.Fatalf("openssl %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	key := func(name string) { run("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", name) }
+	key := func(name string) {
+		run("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", name)
+	}
 	key("ca-key.pem")
 	run("req", "-x509", "-new", "-key", "ca-key.pem", "-out", "ca-cert.pem", "-days", "2", "-subj", "/CN=eli test CA",
 		"-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
