@@ -347,20 +347,28 @@ func (r *Remote) complete(o *op, err error) {
 			r.flushed(o.flushMark)
 		}
 	}
+	if o.keep != nil { // a failed write
+		putCopy(o.keep)
+		o.keep = nil
+	}
 	r.finish(o, err)
 }
 
 // retain keeps an acknowledged write for replay until a FLUSH covers it (r.mu held).
 func (r *Remote) retain(o *op) {
+	keep := o.keep
+	o.keep = nil
 	if r.export.Flags&nbdproto.TflagSendFlush == 0 || o.flags&nbdproto.CmdFlagFUA != 0 {
+		putCopy(keep)
 		return // durable once acknowledged
 	}
-	cost := logEntryCost + int64(len(o.keep))
-	if (o.cmd == nbdproto.CmdWrite && o.keep == nil) || r.logBytes+cost > r.opts.ReplayLimit {
+	cost := logEntryCost + int64(len(keep))
+	if (o.cmd == nbdproto.CmdWrite && keep == nil) || r.logBytes+cost > r.opts.ReplayLimit {
+		putCopy(keep)
 		r.unkept.add(span{off: o.off, end: o.off + uint64(o.length), ackSeq: o.ackSeq})
 		return
 	}
-	e := &op{cmd: o.cmd, flags: o.flags, off: o.off, length: o.length, data: o.keep, ackSeq: o.ackSeq, logEntry: true}
+	e := &op{cmd: o.cmd, flags: o.flags, off: o.off, length: o.length, data: keep, ackSeq: o.ackSeq, logEntry: true}
 	r.log = append(r.log, e)
 	r.logBytes += cost
 }
@@ -374,6 +382,7 @@ func (r *Remote) flushed(mark uint64) {
 	i := 0
 	for i < len(r.log) && r.log[i].ackSeq <= mark {
 		r.logBytes -= logEntryCost + int64(len(r.log[i].data))
+		putCopy(r.log[i].data)
 		r.log[i] = nil
 		i++
 	}
@@ -667,7 +676,7 @@ func (r *Remote) write(p []byte, off int64, flags uint16) (int, error) {
 	}
 	if r.keepsWrites() && flags&nbdproto.CmdFlagFUA == 0 {
 		for _, o := range ops {
-			o.keep = append([]byte(nil), o.data...)
+			o.keep = getCopy(o.data)
 		}
 	}
 	if err := r.do(ops); err != nil {
