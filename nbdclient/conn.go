@@ -152,6 +152,22 @@ func (c *pconn) fail(err error) {
 	}
 }
 
+// failed returns the error the connection failed with, or nil while it works.
+func (c *pconn) failed() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// quiesce waits until no goroutine reads a request's buffer or writes a reply into one:
+// once the connection is closed, a write in progress returns at once, and a send that
+// had not started finds the connection closed and writes nothing.
+func (c *pconn) quiesce() {
+	<-c.readerDone
+	c.wmu.Lock()
+	c.wmu.Unlock()
+}
+
 // disconnect sends NBD_CMD_DISC (best effort) and closes.
 func (c *pconn) disconnect() {
 	c.mu.Lock()
@@ -165,7 +181,7 @@ func (c *pconn) disconnect() {
 		c.wmu.Unlock()
 	}
 	c.fail(errClosed)
-	<-c.readerDone
+	c.quiesce()
 }
 
 func (c *pconn) lookup(cookie uint64, remove bool) *op {

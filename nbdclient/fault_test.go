@@ -251,3 +251,39 @@ func slicesMax(v []uint64) uint64 {
 	}
 	return m
 }
+
+// TestCloseWhileAway closes a Remote whose server is gone, with a call waiting for it:
+// both return, long before the call's own timeout.
+func TestCloseWhileAway(t *testing.T) {
+	t.Parallel()
+	s := nbdkit(t, "unix", nil, "memory", "1M")
+	r, err := Open(s.uri, &Options{RequestTimeout: time.Hour, BackoffMin: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.kill()
+	res := make(chan error, 1)
+	go func() { _, err := r.ReadAt(make([]byte, 4096), 0); res <- err }()
+	time.Sleep(100 * time.Millisecond) // let the read start waiting (a guard, not an assertion)
+	closed := make(chan struct{})
+	go func() { r.Close(); close(closed) }()
+	for _, ch := range []<-chan struct{}{closed, errDone(res, t)} {
+		select {
+		case <-ch:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Close or the waiting call hung")
+		}
+	}
+}
+
+// errDone turns the call's result into a channel closed once it returned an error.
+func errDone(res <-chan error, t *testing.T) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		if err := <-res; err == nil {
+			t.Error("a read with the server gone succeeded")
+		}
+		close(done)
+	}()
+	return done
+}

@@ -91,6 +91,8 @@ type Remote struct {
 	up         chan struct{} // closed while connected
 	closed     bool
 	closeCh    chan struct{}
+	ctx        context.Context // canceled by Close, to stop a dial in progress
+	cancel     context.CancelFunc
 	rr         uint64
 	seq        uint64
 	ackSeq     uint64
@@ -120,6 +122,7 @@ func Open(uri string, opts *Options) (*Remote, error) {
 // is an error here, while later losses are reconnected.
 func OpenTarget(t Target, opts *Options) (*Remote, error) {
 	r := &Remote{target: t, pending: make(map[*op]struct{}), closeCh: make(chan struct{})}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
 	if opts != nil {
 		r.opts = *opts
 	}
@@ -138,17 +141,27 @@ func OpenTarget(t Target, opts *Options) (*Remote, error) {
 	r.gen = 1
 	conns, exp, err := r.dialPool(r.gen)
 	if err != nil {
+		r.cancel()
 		return nil, err
 	}
+	r.mu.Lock()
 	r.conns, r.export, r.connected = conns, exp, true
 	r.up = make(chan struct{})
 	close(r.up)
 	r.size.Store(int64(exp.Size))
+	r.mu.Unlock()
+	// A connection that failed before the pool was up found nobody to reconnect it.
+	for _, c := range conns {
+		if err := c.failed(); err != nil {
+			r.connDied(c, err)
+			break
+		}
+	}
 	return r, nil
 }
 
 func (r *Remote) dialOne(gen uint64) (*pconn, Export, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), r.opts.DialTimeout)
+	ctx, cancel := context.WithTimeout(r.ctx, r.opts.DialTimeout)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, r.target.Network, r.target.Address)
@@ -307,7 +320,7 @@ func (r *Remote) wait(o *op, deadline time.Time) error {
 	r.mu.Unlock()
 	if c != nil {
 		c.fail(eio("nbd: request timed out"))
-		<-c.readerDone
+		c.quiesce()
 	}
 	return o.err
 }
@@ -416,7 +429,7 @@ func (r *Remote) reconnect(old []*pconn, done chan struct{}) {
 	for {
 		// No reader of a dead connection may touch an op once it is re-sent.
 		for _, c := range old {
-			<-c.readerDone
+			c.quiesce()
 		}
 		r.mu.Lock()
 		if r.closed {
@@ -508,6 +521,8 @@ func (r *Remote) replay(conns []*pconn, exp Export) bool {
 				r.mu.Unlock()
 				continue
 			}
+			// From here its caller, should it give up, closes c and waits for c's
+			// writer (quiesce) before taking its buffer back.
 		} else {
 			o.fin = make(chan struct{})
 			r.pending[o] = struct{}{}
@@ -545,10 +560,7 @@ func (r *Remote) replay(conns []*pconn, exp Export) bool {
 	r.connected = true
 	close(r.up)
 	for _, c := range conns {
-		c.mu.Lock()
-		dead := c.err != nil
-		c.mu.Unlock()
-		if dead {
+		if c.failed() != nil {
 			// Died after the check above, with connDied seeing !connected: go again.
 			r.connected = false
 			r.up = make(chan struct{})
@@ -751,6 +763,7 @@ func (r *Remote) Close() error {
 	}
 	r.closed = true
 	close(r.closeCh)
+	r.cancel()
 	conns := r.conns
 	done := r.reconnDone
 	r.mu.Unlock()
