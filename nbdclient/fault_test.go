@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -110,6 +111,12 @@ func TestKill9UnderLoad(t *testing.T) {
 		{name: "nbdkit-file", srv: fileSrv, strict: true},
 		{name: "qemu-nbd", srv: func(t *testing.T, img string) *server { return qemuNBD(t, "unix", img) }, strict: true},
 		{name: "volatile-cache", srv: volatileSrv, strict: true},
+		{name: "nbdkit-file-tls", srv: func(t *testing.T, img string) *server {
+			serverDir, clientDir := pki(t, t.TempDir())
+			s := nbdkit(t, "tcp", []string{"--tls=require", "--tls-certificates=" + serverDir, "--tls-verify-peer"}, "file", img)
+			s.uri = strings.Replace(s.uri, "nbd://", "nbds://", 1) + "?tls-certificates=" + clientDir
+			return s
+		}, strict: true},
 		// No replay log: a lost cache must surface as failed Syncs.
 		{name: "volatile-cache-no-log", srv: volatileSrv, opts: Options{ReplayLimit: -1}},
 	}

@@ -3,11 +3,13 @@ package nbdclient
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 )
@@ -204,5 +206,63 @@ func TestServerErrors(t *testing.T) {
 	}
 	if n := r.Reconnections(); n != 0 {
 		t.Errorf("server errors caused %d reconnections", n)
+	}
+}
+
+// TestSlowFailingNetwork runs concurrent writers through nbdkit's delay and error
+// filters: every failure is a per-request EIO, a failed write is retried until it lands,
+// every read that succeeds returns the data, and the connections survive.
+func TestSlowFailingNetwork(t *testing.T) {
+	t.Parallel()
+	s := nbdkit(t, "tcp", nil, "--filter=error", "--filter=delay", "memory", "4M",
+		"delay-read=2ms", "delay-write=5ms", "error=EIO", "error-rate=15%")
+	r := open(t, s.uri, nil)
+	const workers, sectors = 16, 1024
+	var wg sync.WaitGroup
+	var failures atomic.Int64
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 4))
+			p, got := make([]byte, 4096), make([]byte, 4096)
+			for v := range uint64(30) {
+				sec := w + workers*rng.IntN(sectors/workers)
+				sectorData(p, sec, v+1)
+				for tries := 0; ; tries++ {
+					_, err := r.WriteAt(p, int64(sec)*4096)
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, syscall.EIO) || tries > 50 {
+						errs <- fmt.Errorf("write: %v after %d tries", err, tries)
+						return
+					}
+					failures.Add(1)
+				}
+				if _, err := r.ReadAt(got, int64(sec)*4096); err != nil {
+					if !errors.Is(err, syscall.EIO) {
+						errs <- fmt.Errorf("read: %v", err)
+						return
+					}
+					failures.Add(1)
+				} else if !bytes.Equal(got, p) {
+					errs <- errors.New("a successful read returned other data than the last write")
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if failures.Load() == 0 {
+		t.Fatal("the error filter injected no failures")
+	}
+	if n := r.Reconnections(); n != 0 {
+		t.Errorf("per-request errors caused %d reconnections", n)
 	}
 }

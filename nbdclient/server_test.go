@@ -60,8 +60,9 @@ func nbdkit(t testing.TB, network string, extra []string, args ...string) *serve
 	return s
 }
 
-// qemuNBD serves a raw image file with qemu-nbd, allowing shared connections.
-func qemuNBD(t testing.TB, network, image string) *server {
+// qemuNBD serves a raw image file with qemu-nbd, allowing shared connections; extra
+// are more qemu-nbd options.
+func qemuNBD(t testing.TB, network, image string, extra ...string) *server {
 	t.Helper()
 	prog := testtool.Need(t, "qemu-nbd", "qemu-utils")
 	s := &server{t: t, net: network}
@@ -76,7 +77,7 @@ func qemuNBD(t testing.TB, network, image string) *server {
 		argv = append(argv, "-b", "127.0.0.1", "-p", port)
 		s.uri = "nbd://" + s.addr + "/"
 	}
-	s.argv = append(argv, image)
+	s.argv = append(append(argv, extra...), image)
 	s.start()
 	return s
 }

@@ -79,6 +79,12 @@ func TestTLS(t *testing.T) {
 		t.Parallel()
 		exercise(t, open(t, unixURI+"&tls-certificates="+clientDir, nil))
 	})
+	t.Run("qemu-nbd", func(t *testing.T) {
+		t.Parallel()
+		q := qemuNBD(t, "tcp", image(t, 8<<20),
+			"--object", "tls-creds-x509,id=tls0,endpoint=server,verify-peer=on,dir="+serverDir, "--tls-creds=tls0")
+		exercise(t, open(t, strings.Replace(q.uri, "nbd://", "nbds://", 1)+"?tls-certificates="+clientDir, nil))
+	})
 	refused := []struct {
 		name, uri, err string
 	}{
