@@ -416,8 +416,8 @@ func (r *Remote) connDied(c *pconn, err error) {
 	done := make(chan struct{})
 	r.reconnDone = done
 	r.mu.Unlock()
-	for _, o := range old {
-		o.fail(err)
+	for _, oc := range old {
+		oc.fail(err)
 	}
 	go r.reconnect(old, done)
 }
