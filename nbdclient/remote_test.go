@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/elidisk/eli/provider"
 )
 
 // image makes a sparse file of size bytes for a file-backed server.
@@ -264,5 +269,48 @@ func TestSlowFailingNetwork(t *testing.T) {
 	}
 	if n := r.Reconnections(); n != 0 {
 		t.Errorf("per-request errors caused %d reconnections", n)
+	}
+}
+
+// Remote is meant to stand where eli's providers stand.
+var (
+	_ provider.Provider = (*Remote)(nil)
+	_ provider.Puncher  = (*Remote)(nil)
+)
+
+// TestDialTimeout: a server that accepts and then says nothing fails Open within the
+// dial timeout, instead of hanging.
+func TestDialTimeout(t *testing.T) {
+	t.Parallel()
+	sock := filepath.Join(t.TempDir(), "mute.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	res := make(chan error, 1)
+	go func() {
+		r, err := Open("nbd+unix:///?socket="+sock, &Options{DialTimeout: 200 * time.Millisecond})
+		if err == nil {
+			r.Close()
+		}
+		res <- err
+	}()
+	select {
+	case err := <-res:
+		if err == nil || !strings.Contains(err.Error(), "greeting") {
+			t.Fatalf("Open of a mute server: %v, want a failure reading the greeting", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Open hung on a mute server")
 	}
 }
