@@ -42,6 +42,26 @@ func fakeServer(t *testing.T, reply func(w io.Writer, cookie, off uint64, length
 
 func fakeConn(c net.Conn, reply func(w io.Writer, cookie, off uint64, length uint32)) {
 	defer c.Close()
+	if !fakeHandshake(c, nbdproto.TflagHasFlags|nbdproto.TflagSendFlush) {
+		return
+	}
+	for {
+		var h [28]byte
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			return
+		}
+		be := binary.BigEndian
+		cmd, cookie, off, length := be.Uint16(h[6:]), be.Uint64(h[8:]), be.Uint64(h[16:]), be.Uint32(h[24:])
+		if cmd != nbdproto.CmdRead {
+			return
+		}
+		reply(c, cookie, off, length)
+	}
+}
+
+// fakeHandshake plays the server's side of the handshake (structured replies, one
+// export of fakeExportSize bytes with the given flags); false if the client went away.
+func fakeHandshake(c net.Conn, flags uint16) bool {
 	be := binary.BigEndian
 	var b []byte
 	b = be.AppendUint64(b, nbdproto.MagicNBD)
@@ -50,7 +70,7 @@ func fakeConn(c net.Conn, reply func(w io.Writer, cookie, off uint64, length uin
 	c.Write(b)
 	var cflags [4]byte
 	if _, err := io.ReadFull(c, cflags[:]); err != nil {
-		return
+		return false
 	}
 	optReply := func(opt, typ uint32, data []byte) {
 		var r []byte
@@ -63,11 +83,11 @@ func fakeConn(c net.Conn, reply func(w io.Writer, cookie, off uint64, length uin
 	for {
 		var h [16]byte
 		if _, err := io.ReadFull(c, h[:]); err != nil {
-			return
+			return false
 		}
 		opt, n := be.Uint32(h[8:]), be.Uint32(h[12:])
 		if _, err := io.CopyN(io.Discard, c, int64(n)); err != nil {
-			return
+			return false
 		}
 		if opt == nbdproto.OptStructuredReply {
 			optReply(opt, nbdproto.RepAck, nil)
@@ -80,25 +100,10 @@ func fakeConn(c net.Conn, reply func(w io.Writer, cookie, off uint64, length uin
 		var info []byte
 		info = be.AppendUint16(info, nbdproto.InfoExport)
 		info = be.AppendUint64(info, fakeExportSize)
-		info = be.AppendUint16(info, nbdproto.TflagHasFlags|nbdproto.TflagSendFlush)
+		info = be.AppendUint16(info, flags)
 		optReply(opt, nbdproto.RepInfo, info)
 		optReply(opt, nbdproto.RepAck, nil)
-		break
-	}
-	for {
-		var h [28]byte
-		if _, err := io.ReadFull(c, h[:]); err != nil {
-			return
-		}
-		cmd, cookie, off, length := be.Uint16(h[6:]), be.Uint64(h[8:]), be.Uint64(h[16:]), be.Uint32(h[24:])
-		switch cmd {
-		case nbdproto.CmdRead:
-			reply(c, cookie, off, length)
-		case nbdproto.CmdDisc:
-			return
-		default:
-			return
-		}
+		return true
 	}
 }
 
