@@ -22,7 +22,12 @@ type request struct {
 	fill byte // first byte of a write's payload
 }
 
-func (q request) String() string { return fmt.Sprintf("%d:%s@%d(%c)", q.conn, opName(q.cmd), q.off, q.fill) }
+func (q request) String() string {
+	if q.cmd == nbdproto.CmdWrite {
+		return fmt.Sprintf("%d:write@%d(%c)", q.conn, q.off, q.fill)
+	}
+	return fmt.Sprintf("%d:%s@%d", q.conn, opName(q.cmd), q.off)
+}
 
 // TestReplayOrder drops a connection with a write and a flush in flight and checks what
 // the new connection receives, in order: the acknowledged but unflushed write from the
