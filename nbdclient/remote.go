@@ -199,6 +199,50 @@ func (r *Remote) dialPool(gen uint64) ([]*pconn, Export, error) {
 	return conns, exp, nil
 }
 
+// Refresh asks the server for the export's size again and, if it changed (an export
+// grown on the storage side), reconnects so that requests may use the new size (servers
+// bound requests by the size they announced on each connection). It returns the size.
+func (r *Remote) Refresh() (int64, error) {
+	c, exp, err := r.dialOne(0)
+	if err != nil {
+		return 0, err
+	}
+	c.disconnect()
+	if int64(exp.Size) == r.Size() {
+		return r.Size(), nil
+	}
+	r.mu.Lock()
+	var cur *pconn
+	if r.connected {
+		cur = r.conns[0]
+	}
+	up := r.up
+	r.mu.Unlock()
+	if cur != nil {
+		cur.fail(errRefresh)
+	}
+	t := time.NewTimer(r.opts.RequestTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case <-up:
+		case <-t.C:
+			return r.Size(), eio("nbd: reconnecting for the new export size timed out")
+		case <-r.closeCh:
+			return r.Size(), errClosed
+		}
+		r.mu.Lock()
+		connected, u := r.connected, r.up
+		r.mu.Unlock()
+		if connected {
+			return r.Size(), nil
+		}
+		up = u
+	}
+}
+
+var errRefresh = errors.New("nbd: reconnecting for a new export size")
+
 // Export is what the server said about the export on the current connection.
 func (r *Remote) Export() Export {
 	r.mu.Lock()

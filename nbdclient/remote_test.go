@@ -314,3 +314,65 @@ func TestDialTimeout(t *testing.T) {
 		t.Fatal("Open hung on a mute server")
 	}
 }
+
+// TestExportFlags: FUA writes, trims, and a read-only export refusing writes.
+func TestExportFlags(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		args     []string
+		readOnly bool
+		fua      bool
+	}{
+		{name: "fua", args: []string{"memory", "1M"}, fua: true},
+		{name: "read-only", args: []string{"-r", "memory", "1M"}, readOnly: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := open(t, nbdkit(t, "unix", nil, tc.args...).uri, nil)
+			flags := r.Export().Flags
+			if (flags&FlagSendFUA != 0) != tc.fua || (flags&FlagReadOnly != 0) != tc.readOnly {
+				t.Fatalf("flags %#x", flags)
+			}
+			p := bytes.Repeat([]byte{0x5a}, 8192)
+			_, err := r.WriteAtFUA(p, 4096)
+			if tc.readOnly {
+				if !errors.Is(err, syscall.EPERM) {
+					t.Fatalf("write to a read-only export: %v, want EPERM", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(p))
+			if _, err := r.ReadAt(got, 4096); err != nil || !bytes.Equal(got, p) {
+				t.Fatalf("FUA write read back: %v", err)
+			}
+			if err := r.Trim(0, 1<<20); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestRefresh grows a file-backed export under the server and follows it.
+func TestRefresh(t *testing.T) {
+	t.Parallel()
+	img := image(t, 1<<20)
+	r := open(t, nbdkit(t, "unix", nil, "file", img).uri, nil)
+	if n, err := r.Refresh(); err != nil || n != 1<<20 {
+		t.Fatalf("Refresh of an unchanged export: %d, %v", n, err)
+	}
+	if err := os.Truncate(img, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.Refresh(); err != nil || n != 4<<20 || r.Size() != 4<<20 {
+		t.Fatalf("Refresh after growing to 4 MiB: %d, %v", n, err)
+	}
+	p := bytes.Repeat([]byte{1}, 4096)
+	if _, err := r.WriteAt(p, 3<<20); err != nil {
+		t.Fatalf("write in the grown part: %v", err)
+	}
+}
