@@ -52,16 +52,20 @@ func BenchmarkRemoteVsDirect(b *testing.B) {
 	// seqCalls spreads the export over `calls` goroutines in callSize pieces.
 	seq := func(b *testing.B, f func(p []byte, off int64) error, after ...func() error) {
 		b.SetBytes(benchSize)
+		bufs := make([][]byte, calls)
+		for i := range bufs {
+			bufs[i] = make([]byte, callSize)
+			rand.Read(bufs[i]) // zeroes could be detected and skipped
+		}
 		var next atomic.Int64
 		for b.Loop() {
 			next.Store(0)
 			var wg sync.WaitGroup
-			for range calls {
+			for i := range calls {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					p := make([]byte, callSize)
-					rand.Read(p) // zeroes could be detected and skipped
+					p := bufs[i]
 					for {
 						off := next.Add(callSize) - callSize
 						if off >= benchSize {
