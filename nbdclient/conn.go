@@ -30,6 +30,7 @@ type op struct {
 
 	// Bookkeeping of the Remote (under Remote.mu).
 	seq       uint64        // submission order
+	weight    int64         // room in flight it holds, given back by finish
 	ackSeq    uint64        // order of acknowledgement, for the replay log
 	flushMark uint64        // a FLUSH covers the writes acknowledged up to this ackSeq
 	keep      []byte        // a copy of data, for the replay log

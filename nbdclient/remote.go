@@ -269,7 +269,6 @@ func (r *Remote) Reconnections() int {
 
 // acquire waits for n bytes of room in flight.
 func (r *Remote) acquire(n int64, deadline time.Time) error {
-	n = min(n, r.opts.MaxInFlight)
 	r.flightMu.Lock()
 	defer r.flightMu.Unlock()
 	if r.inFlight+n <= r.opts.MaxInFlight {
@@ -294,7 +293,6 @@ func (r *Remote) acquire(n int64, deadline time.Time) error {
 }
 
 func (r *Remote) release(n int64) {
-	n = min(n, r.opts.MaxInFlight)
 	r.flightMu.Lock()
 	r.inFlight -= n
 	r.flightCond.Broadcast()
@@ -342,36 +340,63 @@ func (r *Remote) start(o *op, deadline time.Time) error {
 	return nil
 }
 
-// wait returns o's result, or EIO at deadline. A request abandoned at its deadline takes
-// its connection down with it, so that no reply can land in a buffer its caller has
-// taken back and no late write can overtake one the caller makes next.
-func (r *Remote) wait(o *op, deadline time.Time) error {
+// wait returns the first error of ops once all are answered, or EIO at deadline. The
+// requests unanswered at the deadline are abandoned together, and take their connections
+// down with them, so that no reply can land in a buffer their caller has taken back and
+// no late write can overtake one the caller makes next.
+func (r *Remote) wait(ops []*op, deadline time.Time) error {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	select {
-	case <-o.fin:
-		return o.err
-	case <-t.C:
+	for i, o := range ops {
+		select {
+		case <-o.fin:
+			continue
+		case <-t.C:
+		}
+		r.abandon(ops[i:])
+		break
 	}
+	for _, o := range ops {
+		if o.err != nil {
+			return o.err
+		}
+	}
+	return nil
+}
+
+// abandon fails the ops still pending with a timeout, and closes and quiesces the
+// connections they were sent on.
+func (r *Remote) abandon(ops []*op) {
+	var conns []*pconn
 	r.mu.Lock()
-	if _, ok := r.pending[o]; !ok {
-		r.mu.Unlock()
-		<-o.fin
-		return o.err
+	for _, o := range ops {
+		if _, ok := r.pending[o]; !ok {
+			continue
+		}
+		r.finish(o, eio("nbd %s: no reply from %s within %v", opName(o.cmd), r.target.Address, r.opts.RequestTimeout))
+		if o.conn != nil && !slices.Contains(conns, o.conn) {
+			conns = append(conns, o.conn)
+		}
 	}
-	r.finish(o, eio("nbd %s: no reply from %s within %v", opName(o.cmd), r.target.Address, r.opts.RequestTimeout))
-	c := o.conn
 	r.mu.Unlock()
-	if c != nil {
+	for _, c := range conns {
 		c.fail(eio("nbd: request timed out"))
 		c.quiesce()
 	}
-	return o.err
+	// Ops finished by others meanwhile are final too: wait for the ones racing us.
+	for _, o := range ops {
+		<-o.fin
+	}
 }
 
-// finish takes o out of the pending set with its result (r.mu held).
+// finish takes o out of the pending set with its result, and gives back its room in
+// flight (r.mu held).
 func (r *Remote) finish(o *op, err error) {
 	delete(r.pending, o)
+	if o.weight != 0 {
+		r.release(o.weight)
+		o.weight = 0
+	}
 	o.err = err
 	close(o.fin)
 }
@@ -629,25 +654,25 @@ func cmpU64(a, b uint64) int {
 func (r *Remote) do(ops []*op) error {
 	deadline := time.Now().Add(r.opts.RequestTimeout)
 	var firstErr error
-	started := make([]*op, 0, len(ops))
+	started := ops[:0:0]
 	for _, o := range ops {
-		if err := r.acquire(int64(max(o.length, 1)), deadline); err != nil {
+		// Room comes back as earlier pieces are answered (finish), so a call larger
+		// than the bound goes through in turns.
+		w := min(int64(max(o.length, 1)), r.opts.MaxInFlight)
+		if err := r.acquire(w, deadline); err != nil {
 			firstErr = err
 			break
 		}
+		o.weight = w
 		if err := r.start(o, deadline); err != nil {
-			r.release(int64(max(o.length, 1)))
+			r.release(w)
 			firstErr = err
 			break
 		}
 		started = append(started, o)
 	}
-	for _, o := range started {
-		err := r.wait(o, deadline)
-		r.release(int64(max(o.length, 1)))
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
+	if err := r.wait(started, deadline); err != nil && firstErr == nil {
+		firstErr = err
 	}
 	return firstErr
 }

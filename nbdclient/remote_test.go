@@ -376,3 +376,26 @@ func TestRefresh(t *testing.T) {
 		t.Fatalf("write in the grown part: %v", err)
 	}
 }
+
+// TestInFlightBound: one call many times larger than the in-flight bound goes through
+// in pieces (the bound holds back its later pieces until earlier ones are answered).
+func TestInFlightBound(t *testing.T) {
+	t.Parallel()
+	s := nbdkit(t, "unix", nil, "--filter=blocksize-policy", "memory", "8M",
+		"blocksize-minimum=4096", "blocksize-preferred=4096", "blocksize-maximum=65536", "blocksize-error-policy=error")
+	r := open(t, s.uri, &Options{MaxInFlight: 256 << 10, RequestTimeout: time.Minute})
+	p := make([]byte, 8<<20)
+	for i := range p {
+		p[i] = byte(i / 4096)
+	}
+	if _, err := r.WriteAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(p))
+	if _, err := r.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, p) {
+		t.Fatal("read back differs")
+	}
+}
