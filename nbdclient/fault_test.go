@@ -31,7 +31,14 @@ func eventually(t *testing.T, what string, f func() error) {
 func TestServerAway(t *testing.T) {
 	t.Parallel()
 	s := nbdkit(t, "tcp", nil, "file", image(t, 8<<20))
-	r := open(t, s.uri, &Options{RequestTimeout: 500 * time.Millisecond, BackoffMax: 100 * time.Millisecond})
+	var logMu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		logMu.Lock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+		logMu.Unlock()
+	}
+	r := open(t, s.uri, &Options{RequestTimeout: 500 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Logf: logf})
 	want := bytes.Repeat([]byte("away"), 1024)
 	if _, err := r.WriteAt(want, 4096); err != nil {
 		t.Fatal(err)
@@ -57,6 +64,11 @@ func TestServerAway(t *testing.T) {
 	}
 	if r.Reconnections() == 0 {
 		t.Fatal("no reconnection counted")
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if len(logged) < 2 || !strings.Contains(logged[0], "lost the connection") || !strings.Contains(logged[len(logged)-1], "reconnected") {
+		t.Fatalf("logged %q", logged)
 	}
 }
 

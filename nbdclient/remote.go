@@ -38,6 +38,8 @@ type Options struct {
 	BackoffMin, BackoffMax time.Duration
 	// SimpleReplies does not ask for structured replies.
 	SimpleReplies bool
+	// Logf, when set, is told of lost connections and reconnections.
+	Logf func(format string, args ...any)
 }
 
 func (o *Options) fill() {
@@ -488,6 +490,7 @@ func (r *Remote) connDied(c *pconn, err error) {
 	for _, oc := range old {
 		oc.fail(err)
 	}
+	r.logf("nbd: lost the connection to %s (%v); reconnecting", r.target.Address, err)
 	go r.reconnect(old, done)
 }
 
@@ -522,6 +525,7 @@ func (r *Remote) reconnect(old []*pconn, done chan struct{}) {
 			continue
 		}
 		if r.replay(conns, exp) {
+			r.logf("nbd: reconnected to %s", r.target.Address)
 			return
 		}
 		for _, c := range conns {
@@ -637,6 +641,12 @@ func (r *Remote) replay(conns []*pconn, exp Export) bool {
 		}
 	}
 	return true
+}
+
+func (r *Remote) logf(format string, args ...any) {
+	if r.opts.Logf != nil {
+		r.opts.Logf(format, args...)
+	}
 }
 
 func cmpU64(a, b uint64) int {
