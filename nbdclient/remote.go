@@ -252,6 +252,12 @@ func (r *Remote) Export() Export {
 	return r.export
 }
 
+// Target is where the Remote connects.
+func (r *Remote) Target() Target { return r.target }
+
+// String names the export as a URI (for messages).
+func (r *Remote) String() string { return r.target.String() }
+
 // Size is the export's size in bytes, as of the latest (re)connection.
 func (r *Remote) Size() int64 { return r.size.Load() }
 
