@@ -1,13 +1,8 @@
-// Package nbdclient is a minimal NBD client: the fixed newstyle handshake with
-// NBD_OPT_GO, then one request at a time with simple replies. eli uses it where no
-// external client can be assumed: `eli demo`, handing a negotiated socket to the kernel's
-// NBD driver, and tests. It is deliberately small; real workloads use real clients
-// (the kernel, libnbd, qemu).
 package nbdclient
 
 import (
+	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -43,7 +38,9 @@ type Export struct {
 	MaxBlock       uint32
 }
 
-// Client is one negotiated connection. It is not safe for concurrent use.
+// Client is one negotiated connection with simple replies and one request at a time. It
+// is not safe for concurrent use. eli uses it where a socket is handed to the kernel's
+// NBD driver once negotiated, and in tests; Remote is the client for real workloads.
 type Client struct {
 	conn   net.Conn
 	Export Export
@@ -65,119 +62,15 @@ func Dial(network, addr, name string) (*Client, error) {
 	return c, nil
 }
 
-// Handshake negotiates export name on an open connection (fixed newstyle, NBD_OPT_GO).
-// On success the connection is in the transmission phase.
+// Handshake negotiates export name on an open connection (fixed newstyle, NBD_OPT_GO,
+// simple replies, so that the socket can be handed to the kernel's NBD driver, which
+// speaks nothing else). On success the connection is in the transmission phase.
 func Handshake(conn net.Conn, name string) (*Client, error) {
-	if len(name) > 4096 {
-		return nil, errors.New("nbd: export name longer than 4096 bytes")
-	}
-	var greet [18]byte
-	if _, err := io.ReadFull(conn, greet[:]); err != nil {
-		return nil, fmt.Errorf("nbd handshake: read greeting: %w", err)
-	}
-	if binary.BigEndian.Uint64(greet[0:]) != nbdproto.MagicNBD || binary.BigEndian.Uint64(greet[8:]) != nbdproto.MagicOpt {
-		return nil, errors.New("nbd handshake: server is not a newstyle NBD server")
-	}
-	hflags := binary.BigEndian.Uint16(greet[16:])
-	if hflags&nbdproto.FlagFixedNewstyle == 0 {
-		return nil, errors.New("nbd handshake: server does not support fixed newstyle")
-	}
-	cflags := uint32(nbdproto.FlagCFixedNewstyle)
-	if hflags&nbdproto.FlagNoZeroes != 0 {
-		cflags |= nbdproto.FlagCNoZeroes
-	}
-	if err := binary.Write(conn, binary.BigEndian, cflags); err != nil {
-		return nil, fmt.Errorf("nbd handshake: %w", err)
-	}
-
-	// NBD_OPT_GO: name, then the one info request we care about beyond the mandatory
-	// NBD_INFO_EXPORT.
-	data := make([]byte, 0, 4+len(name)+4)
-	data = binary.BigEndian.AppendUint32(data, uint32(len(name)))
-	data = append(data, name...)
-	data = binary.BigEndian.AppendUint16(data, 1)
-	data = binary.BigEndian.AppendUint16(data, nbdproto.InfoBlockSize)
-	if err := writeOption(conn, nbdproto.OptGo, data); err != nil {
+	n, err := negotiate(context.Background(), conn, handshakeConfig{name: name})
+	if err != nil {
 		return nil, err
 	}
-	c := &Client{conn: conn}
-	gotExport := false
-	for {
-		typ, payload, err := readOptReply(conn, nbdproto.OptGo)
-		if err != nil {
-			return nil, err
-		}
-		switch {
-		case typ == nbdproto.RepAck:
-			if !gotExport {
-				return nil, errors.New("nbd handshake: server acknowledged NBD_OPT_GO without NBD_INFO_EXPORT")
-			}
-			return c, nil
-		case typ == nbdproto.RepInfo:
-			if len(payload) < 2 {
-				return nil, errors.New("nbd handshake: short NBD_REP_INFO")
-			}
-			switch binary.BigEndian.Uint16(payload) {
-			case nbdproto.InfoExport:
-				if len(payload) != 12 {
-					return nil, errors.New("nbd handshake: bad NBD_INFO_EXPORT length")
-				}
-				c.Export.Size = binary.BigEndian.Uint64(payload[2:])
-				c.Export.Flags = binary.BigEndian.Uint16(payload[10:])
-				gotExport = true
-			case nbdproto.InfoBlockSize:
-				if len(payload) != 14 {
-					return nil, errors.New("nbd handshake: bad NBD_INFO_BLOCK_SIZE length")
-				}
-				c.Export.MinBlock = binary.BigEndian.Uint32(payload[2:])
-				c.Export.PreferredBlock = binary.BigEndian.Uint32(payload[6:])
-				c.Export.MaxBlock = binary.BigEndian.Uint32(payload[10:])
-			}
-		case typ&nbdproto.RepFlagError != 0:
-			msg := string(payload)
-			if msg == "" {
-				msg = fmt.Sprintf("error %#x", typ)
-			}
-			return nil, fmt.Errorf("nbd handshake: server refused export %q: %s", name, msg)
-		default:
-			// Unknown reply types without the error bit may be ignored (proto.md).
-		}
-	}
-}
-
-func writeOption(w io.Writer, opt uint32, data []byte) error {
-	buf := make([]byte, 16+len(data))
-	binary.BigEndian.PutUint64(buf, nbdproto.MagicOpt)
-	binary.BigEndian.PutUint32(buf[8:], opt)
-	binary.BigEndian.PutUint32(buf[12:], uint32(len(data)))
-	copy(buf[16:], data)
-	if _, err := w.Write(buf); err != nil {
-		return fmt.Errorf("nbd handshake: send option: %w", err)
-	}
-	return nil
-}
-
-func readOptReply(r io.Reader, opt uint32) (uint32, []byte, error) {
-	var h [20]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return 0, nil, fmt.Errorf("nbd handshake: read option reply: %w", err)
-	}
-	if binary.BigEndian.Uint64(h[0:]) != nbdproto.MagicOptReply {
-		return 0, nil, errors.New("nbd handshake: bad option reply magic")
-	}
-	if got := binary.BigEndian.Uint32(h[8:]); got != opt {
-		return 0, nil, fmt.Errorf("nbd handshake: reply for option %d, expected %d", got, opt)
-	}
-	typ := binary.BigEndian.Uint32(h[12:])
-	n := binary.BigEndian.Uint32(h[16:])
-	if n > maxOptReply {
-		return 0, nil, fmt.Errorf("nbd handshake: option reply of %d bytes is too long", n)
-	}
-	payload := make([]byte, n)
-	if _, err := io.ReadFull(r, payload); err != nil {
-		return 0, nil, fmt.Errorf("nbd handshake: read option reply: %w", err)
-	}
-	return typ, payload, nil
+	return &Client{conn: n.conn, Export: n.export}, nil
 }
 
 // Conn returns the underlying connection, e.g. to hand it to the kernel once negotiated.
@@ -187,9 +80,15 @@ func (c *Client) Conn() net.Conn { return c.conn }
 type Error struct {
 	Op    string
 	Errno syscall.Errno
+	Msg   string // the server's message, from a structured error chunk
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("nbd %s: server replied %v", e.Op, e.Errno) }
+func (e *Error) Error() string {
+	if e.Msg != "" {
+		return fmt.Sprintf("nbd %s: server replied %v: %s", e.Op, e.Errno, e.Msg)
+	}
+	return fmt.Sprintf("nbd %s: server replied %v", e.Op, e.Errno)
+}
 func (e *Error) Unwrap() error { return e.Errno }
 
 // nbdErrno maps NBD error values (which are Linux errno numbers) to syscall.Errno.
@@ -205,12 +104,7 @@ func nbdErrno(v uint32) syscall.Errno {
 func (c *Client) request(op string, cmd, flags uint16, off uint64, length uint32, payload, readInto []byte) error {
 	c.handle++
 	h := c.hdr[:28]
-	binary.BigEndian.PutUint32(h[0:], nbdproto.MagicRequest)
-	binary.BigEndian.PutUint16(h[4:], flags)
-	binary.BigEndian.PutUint16(h[6:], cmd)
-	binary.BigEndian.PutUint64(h[8:], c.handle)
-	binary.BigEndian.PutUint64(h[16:], off)
-	binary.BigEndian.PutUint32(h[24:], length)
+	putRequest(h, flags, cmd, c.handle, off, length)
 	if _, err := c.conn.Write(h); err != nil {
 		return fmt.Errorf("nbd %s: %w", op, err)
 	}
@@ -284,10 +178,7 @@ func (c *Client) WriteZeroes(off int64, length uint32) error {
 func (c *Client) Close() error {
 	c.handle++
 	h := c.hdr[:28]
-	clear(h)
-	binary.BigEndian.PutUint32(h[0:], nbdproto.MagicRequest)
-	binary.BigEndian.PutUint16(h[6:], nbdproto.CmdDisc)
-	binary.BigEndian.PutUint64(h[8:], c.handle)
+	putRequest(h, 0, nbdproto.CmdDisc, c.handle, 0, 0)
 	_, werr := c.conn.Write(h)
 	cerr := c.conn.Close()
 	if werr != nil {

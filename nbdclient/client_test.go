@@ -8,17 +8,17 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/elidisk/eli/internal/testtool"
 )
 
 // startNbdkit serves an in-memory export with nbdkit, the reference server, so the
 // client is checked against someone else's reading of the protocol.
 func startNbdkit(t *testing.T, args ...string) string {
 	t.Helper()
-	if _, err := exec.LookPath("nbdkit"); err != nil {
-		t.Skip("nbdkit not installed (apt-get install nbdkit)")
-	}
+	prog := testtool.Need(t, "nbdkit", "nbdkit")
 	sock := filepath.Join(t.TempDir(), "s")
-	cmd := exec.Command("nbdkit", append([]string{"--foreground", "--exit-with-parent", "-U", sock}, args...)...)
+	cmd := exec.Command(prog, append([]string{"--foreground", "--exit-with-parent", "-U", sock}, args...)...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
