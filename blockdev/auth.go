@@ -9,11 +9,21 @@ import (
 	"github.com/elidisk/eli/sector"
 )
 
-// authEngine is the engine of authenticated modes: every write seals its sectors, with a
-// fresh nonce each, into a slab owned by the pending batch (write.go), which a committer
-// goroutine makes durable through the journal (commit.go); reads see the batches, then
-// the provider (read.go). What this costs and why it is crash safe: docs/design.md and
-// docs/format.md, "Journal".
+// authEngine is the engine of authenticated modes.
+//
+// Every write seals its sectors at once, with a fresh nonce each, into a slab owned by
+// the pending batch: a map from sector to (ciphertext, record), kept in spans of 16
+// sectors (sectormap.go), where a rewrite replaces the older entry (write.go). Reads see
+// the pending batch, then the committing one, then the provider; read.go says why they
+// never pair a record with data of another version. Writes smaller than a sector are
+// read-modify-write under the sector's stripe lock, which every write takes to insert, so
+// no update is lost.
+//
+// One committer goroutine commits batches in order, each in rounds of journal, sync,
+// data and records in place, sync (commit.go). While a commit runs, the next batch may
+// grow to MaxBatchBytes, beyond which writers wait, so memory stays bounded. The
+// metadata cache (metacache.go) holds metadata blocks within CacheBytes; a commit pins
+// the blocks of one round at a time, so rounds are also bounded by half the cache.
 type authEngine struct {
 	*core
 	runs sector.MetaRunner
@@ -114,8 +124,9 @@ func (a *authEngine) open(cfg Config) error {
 	}
 	// Idle slabs kept for reuse: two batches' worth (a full batch may wait while a full
 	// one commits) and two spare pieces, so that a steady write load recycles every slab
-	// and makes no garbage. With one batch's worth, 14% of a sequential load's slabs were
-	// new ones (faulted in, zeroed, collected): 1.5% more CPU per byte.
+	// and makes no garbage. With one batch's worth, a sequential load kept making new slabs
+	// (faulted in, zeroed, collected), which cost CPU per byte (docs/benchmarks.md,
+	// "Measurements behind design choices").
 	piece := int64(a.pieceSectors * a.s)
 	a.slabs = newSlabPool(a.s, a.pieceSectors, 2*a.maxBatch/int64(a.pieceSectors*a.s)*piece+2*piece)
 	a.epoch = time.Now()

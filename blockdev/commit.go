@@ -88,9 +88,9 @@ func (a *authEngine) timedSync() error {
 // at some speed w and waits about syncTime regardless of size, so a batch of 9·syncTime·w
 // keeps the syncs to a tenth of the time. Where they are quick (tmpfs, a disk with a
 // write cache), batches stay small, and so does the memory they cycle through: sealing
-// into a 4 MiB ring runs at 3.4 GB/s, into a 64 MiB one at 2.95 (one Zen 4 core,
-// sector's BenchmarkSealRunDestination); on /dev/shm a 4 rather than 16 MiB bound took
-// writes from 3.3–3.55 to 3.75–3.8 GB/s.
+// into a small ring that stays in cache is faster than into a large one, and so are the
+// device's writes with a small bound (docs/benchmarks.md, "Measurements behind design
+// choices").
 func (a *authEngine) adaptLimit(bytes int64, took, syncTime time.Duration) {
 	want := a.maxBatch
 	if busy := took - syncTime; busy > 0 {
@@ -111,6 +111,13 @@ func (a *authEngine) newBatchLocked(seq uint64) *batch {
 
 // commit makes batch b durable: in rounds that fit both the journal and half the
 // metadata cache, each one journal write, sync, in-place writes, sync.
+//
+// Why this is crash safe: data is written in place only after the journal naming its
+// sector's old and new record is durable, so after a crash at any instant recovery finds
+// each sector with old or new data and old, new or torn record, and the journal tells it
+// which record matches (docs/format.md, "Journal"). What was acknowledged before a
+// completed Flush, or with FUA, was in a batch whose commit completed. crash_test.go
+// checks this at every point of recorded workloads, with writes lost or torn.
 func (a *authEngine) commit(b *batch) error {
 	refs := b.entries.appendSorted(a.sortBuf[:0])
 	a.sortBuf = refs
