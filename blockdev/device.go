@@ -100,7 +100,9 @@ type Device struct {
 
 // engine is what one family of modes does with whole sectors and with requests that the
 // Device has checked: in bounds, the device open, writes allowed. Its methods are called
-// with the gate held shared, except close, which holds it exclusively.
+// with the gate held shared, except close, which holds it exclusively. What one family
+// of modes needs beyond a sector's ciphertext (records, batches, a journal, and any later
+// per-sector state) belongs to its engine alone.
 type engine interface {
 	// readSectors reads n whole sectors (n ≤ pieceSectors) from first into dst.
 	readSectors(dst []byte, first uint64, n int) error
