@@ -100,24 +100,25 @@ func TestScatteredTrimsBounded(t *testing.T) {
 	v.cfg.CommitInterval = time.Hour
 	d := v.open(t)
 	defer d.Close()
+	a := authOf(d)
 	const trims = 3000
 	for k := range trims {
 		if err := d.Trim(int64(k)*spanSectors*512, 512, 0); err != nil {
 			t.Fatal(err)
 		}
-		d.mu.Lock()
-		b := d.pending
+		a.mu.Lock()
+		b := a.pending
 		bytes, n := b.cost(), b.entries.len()
-		d.mu.Unlock()
+		a.mu.Unlock()
 		if want := int64(n) * (zeroEntryCost + spanCost); bytes != want {
 			t.Fatalf("after %d trims the pending batch counts %d bytes for %d entries, want %d", k+1, bytes, n, want)
 		}
-		if bytes > d.maxBatch+spanCost {
-			t.Fatalf("pending batch at %d bytes, bound %d", bytes, d.maxBatch)
+		if bytes > a.maxBatch+spanCost {
+			t.Fatalf("pending batch at %d bytes, bound %d", bytes, a.maxBatch)
 		}
 	}
-	if st := d.Stats(); uint64(trims)*uint64(zeroEntryCost+spanCost) > uint64(d.maxBatch)*3/2 && st.Commits == 0 {
-		t.Fatalf("%d scattered trims made no commit, with batches of %d bytes", trims, d.maxBatch)
+	if st := d.Stats(); uint64(trims)*uint64(zeroEntryCost+spanCost) > uint64(a.maxBatch)*3/2 && st.Commits == 0 {
+		t.Fatalf("%d scattered trims made no commit, with batches of %d bytes", trims, a.maxBatch)
 	}
 }
 
@@ -144,6 +145,7 @@ func TestFullBatchesRecycleSlabs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
+	a := authOf(d)
 	const writers, req = 4, 1 << 20 // one slab each
 	if req != d.pieceSectors*d.s {
 		t.Fatalf("requests of %d bytes, slabs of %d", req, d.pieceSectors*d.s)
@@ -164,9 +166,9 @@ func TestFullBatchesRecycleSlabs(t *testing.T) {
 		}
 		// Wait until a writer waits for room while a batch commits: two batches full.
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			d.mu.Lock()
-			full := d.blocked > 0 && d.committing != nil
-			d.mu.Unlock()
+			a.mu.Lock()
+			full := a.blocked > 0 && a.committing != nil
+			a.mu.Unlock()
 			if full {
 				break
 			}
@@ -183,13 +185,13 @@ func TestFullBatchesRecycleSlabs(t *testing.T) {
 	}
 	// Writers reserve room before they take a slab, so two batches' worth is the most in
 	// use at once, and the pool keeps as many idle (and two spare).
-	bound := uint64(2*d.maxBatch/req + 2)
+	bound := uint64(2*a.maxBatch/req + 2)
 	for k := range 4 {
 		load(int64(k) * 24)
-		made := d.slabs.allocs.Load()
-		d.slabs.mu.Lock()
-		idle := d.slabs.freeBytes / req
-		d.slabs.mu.Unlock()
+		made := a.slabs.allocs.Load()
+		a.slabs.mu.Lock()
+		idle := a.slabs.freeBytes / req
+		a.slabs.mu.Unlock()
 		if idle != int64(made) {
 			t.Fatalf("after %d loads, all committed: %d slabs made, %d idle in the pool; it dropped the rest", k+1, made, idle)
 		}
@@ -214,10 +216,10 @@ func TestBatchLimitFollowsSyncCost(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		delay time.Duration
-		want  func(d *Device) int64
+		want  func(a *authEngine) int64
 	}{
-		{"free syncs", 0, func(d *Device) int64 { return d.batchFloor }},
-		{"5 ms syncs", 5 * time.Millisecond, func(d *Device) int64 { return d.maxBatch }},
+		{"free syncs", 0, func(a *authEngine) int64 { return a.batchFloor }},
+		{"5 ms syncs", 5 * time.Millisecond, func(a *authEngine) int64 { return a.maxBatch }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := newTestVol(t, sector.ModeXChaCha20Poly1305, 4096, 1<<12) // 16 MiB
@@ -232,8 +234,9 @@ func TestBatchLimitFollowsSyncCost(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			if d.batchFloor != 2<<20 {
-				t.Fatalf("batch floor %d, want 4·CommitBytes", d.batchFloor)
+			a := authOf(d)
+			if a.batchFloor != 2<<20 {
+				t.Fatalf("batch floor %d, want 4·CommitBytes", a.batchFloor)
 			}
 			buf := bytes.Repeat([]byte{7}, 1<<20)
 			for k := range 32 {
@@ -244,10 +247,10 @@ func TestBatchLimitFollowsSyncCost(t *testing.T) {
 			if err := d.Flush(); err != nil {
 				t.Fatal(err)
 			}
-			d.mu.Lock()
-			limit := d.limit
-			d.mu.Unlock()
-			if want := tc.want(d); limit != want {
+			a.mu.Lock()
+			limit := a.limit
+			a.mu.Unlock()
+			if want := tc.want(a); limit != want {
 				t.Fatalf("batch limit %d after a commit, want %d", limit, want)
 			}
 		})

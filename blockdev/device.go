@@ -1,7 +1,6 @@
 package blockdev
 
 import (
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -87,74 +86,64 @@ type Config struct {
 // Device is an attached volume: the plaintext sectors of a provider. Its methods are safe
 // for concurrent use; the NBD server calls them from many requests and connections.
 //
-// See doc.go for the design: batches, the journal, and why readers never see a
-// mismatched (data, record) pair.
+// A Device checks each request and hands it to the engine of its mode: authEngine
+// (auth.go) or plainEngine (plain.go).
 type Device struct {
-	p     provider.Provider
-	l     Layout
-	geo   geometry // l's numbers, for the per-sector paths
-	codec sector.Codec
-	// The codec's run calls: runs in authenticated modes, plainRuns in
-	// length-preserving ones (Open requires the one the mode needs).
-	runs      sector.MetaRunner
-	plainRuns sector.Runner
-	ro        bool
-	log       *slog.Logger
-	s         int   // sector size
-	size      int64 // bytes exposed
-
-	pieceSectors int  // sectors per slab and per step of a large request
-	chunkSectors int  // sectors per parallel chunk
-	ioPiece      int  // sectors per write of a commit (written in parallel unless serialWrites)
-	serialWrites bool // the provider's writes serialize: commit them from one thread
-	workers      *workers
-	locks        stripes
-	bufs         sync.Pool // *[]byte of pieceSectors·S, for scratch
-	recPool      sync.Pool // *[]record
-	authLog      authLog
+	core
+	eng engine
 
 	// gate: every request holds it shared; Close takes it exclusively, so Close waits for
 	// requests in flight and later requests see closed.
 	gate   sync.RWMutex
 	closed bool
+}
 
-	// Authenticated modes only.
-	cache       *metaCache
-	jrnl        *journal
-	slabs       *slabPool
-	overrides   map[uint64]record // read-only recovery in memory; immutable after Open
-	maxBatch    int64
-	batchFloor  int64 // the least limit: 4·commitBytes and two slabs, within maxBatch
-	commitBytes int64 // a batch this large is committed at once (see Config.CommitBytes)
-	interval    time.Duration
-	epoch       time.Time
-	roundMax    int // distinct groups per commit round (metadata blocks pinned at once)
-	recovery    Recovery
+// engine is what one family of modes does with whole sectors and with requests that the
+// Device has checked: in bounds, the device open, writes allowed. Its methods are called
+// with the gate held shared, except close, which holds it exclusively. What one family
+// of modes needs beyond a sector's ciphertext (records, batches, a journal, and any later
+// per-sector state) belongs to its engine alone.
+type engine interface {
+	// readSectors reads n whole sectors (n ≤ pieceSectors) from first into dst.
+	readSectors(dst []byte, first uint64, n int) error
+	writeAt(p []byte, off int64, flags Flags) error
+	writeZeroes(off, length int64, flags Flags) error
+	// trim drops whole sectors [first, first+n), n > 0.
+	trim(first, n uint64, flags Flags) error
+	// flush is called on writable devices only.
+	flush() error
+	// loadMeta loads the metadata of a non-empty range.
+	loadMeta(off, length int64) error
+	// extents describes a non-empty range (see Device.Extents).
+	extents(off, length int64) ([]Extent, error)
+	// close makes everything durable and releases what the engine holds (the workers
+	// are the Device's).
+	close() error
+	recovery() Recovery
+	cacheStats(st *Stats)
+}
 
-	mu         sync.Mutex
-	cond       sync.Cond // commit finished, batch swapped, or failure
-	pending    *batch
-	committing *batch
-	spare      *batch
-	started    uint64 // seq of the newest batch that began committing
-	durable    uint64 // seq of the newest batch whose commit completed
-	reserved   int64  // bytes writers are sealing for the pending batch
-	limit      int64  // pending plus reserved bytes beyond which writers wait (adaptLimit)
-	blocked    int    // writers waiting for room in the pending batch
-	urgent     bool   // a Flush or FUA waits for the pending batch
-	stopping   bool
-	failed     error
-	kick       chan struct{}
-	done       chan struct{}
-	commitMu   sync.Mutex // held by the committer for a whole commit
+// core is what the Device and its engine share: the provider, the layout's numbers, the
+// codec, scratch buffers, the worker pool, the stripe locks and the counters.
+type core struct {
+	p       provider.Provider
+	caps    provider.Capabilities
+	puncher provider.Puncher // nil unless caps.Punch
+	l       Layout
+	geo     geometry // l's numbers, for the per-sector paths
+	codec   sector.Codec
+	ro      bool
+	log     *slog.Logger
+	s       int   // sector size
+	size    int64 // bytes exposed
 
-	// Committer-only state.
-	syncTime time.Duration // spent in syncs by the commit under way
-	dataOps  []dataOp
-	sortBuf  []ref // a batch's sectors in index order
-	jentries []journalEntry
-	written  []ref // the sectors of jentries
-	blocks   []*mblock
+	pieceSectors int // sectors per slab and per step of a large request
+	chunkSectors int // sectors per parallel chunk
+	ioPiece      int // sectors per write of a commit (in parallel unless caps.SerialWrites)
+	workers      *workers
+	locks        stripes
+	bufs         sync.Pool // *[]byte of pieceSectors·S, for scratch
+	authLog      authLog
 
 	stats struct {
 		commits, rounds, sectors, syncs, authFailures atomic.Uint64
@@ -189,99 +178,36 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Device{
-		p: p, l: l, geo: newGeometry(l), codec: c, runs: runs, plainRuns: plainRuns, ro: cfg.ReadOnly, log: log,
+	d := &Device{core: core{
+		p: p, caps: provider.CapabilitiesOf(p), l: l, geo: newGeometry(l), codec: c, ro: cfg.ReadOnly, log: log,
 		s: l.SectorSize, size: l.Size(),
+	}}
+	if d.caps.Punch {
+		d.puncher = p.(provider.Puncher)
 	}
 	d.pieceSectors = max(1, (1<<20)/d.s)
 	d.chunkSectors = max(1, (64<<10)/d.s)
 	d.ioPiece = max(1, (256<<10)/d.s)
-	if sw, ok := p.(provider.SerialWriter); ok {
-		d.serialWrites = sw.SerialWrites()
-	}
 	d.bufs.New = func() any {
 		b := make([]byte, d.pieceSectors*d.s)
 		return &b
-	}
-	d.recPool.New = func() any {
-		r := make([]record, d.pieceSectors)
-		return &r
 	}
 	n := cfg.Workers
 	if n == 0 {
 		n = runtime.GOMAXPROCS(0)
 	}
 	d.workers = newWorkers(max(0, n))
-	if l.Authenticated() {
-		if err := d.openAuthenticated(cfg); err != nil {
-			d.workers.stop()
-			return nil, err
-		}
+	if !l.Authenticated() {
+		d.eng = newPlainEngine(&d.core, plainRuns)
+		return d, nil
 	}
+	a, err := openAuthenticated(&d.core, runs, cfg)
+	if err != nil {
+		d.workers.stop()
+		return nil, err
+	}
+	d.eng = a
 	return d, nil
-}
-
-func (d *Device) openAuthenticated(cfg Config) error {
-	if len(cfg.JournalKey) != JournalKeySize {
-		return fmt.Errorf("open device: journal key is %d bytes, want %d", len(cfg.JournalKey), JournalKeySize)
-	}
-	rnd := cfg.rand
-	if rnd == nil {
-		rnd = rand.Reader
-	}
-	var err error
-	if d.jrnl, err = newJournal(cfg.JournalKey, d.l, rnd); err != nil {
-		return fmt.Errorf("open device: %w", err)
-	}
-	cacheBytes := cfg.CacheBytes
-	if cacheBytes <= 0 {
-		cacheBytes = DefaultCacheBytes
-	}
-	m := d.l.MetaBlockSize()
-	d.cache = newMetaCache(m, cacheBytes, func(g uint64, buf []byte) error {
-		_, err := d.p.ReadAt(buf, d.geo.blockPos(g))
-		return err
-	})
-	// A round pins its metadata blocks, so it may use half of the cache; the other half
-	// keeps serving readers.
-	d.roundMax = max(1, d.cache.capacity()/2)
-	d.maxBatch = cfg.MaxBatchBytes
-	if d.maxBatch <= 0 {
-		d.maxBatch = DefaultMaxBatchBytes
-	}
-	d.maxBatch = max(d.maxBatch, int64(d.pieceSectors*d.s))
-	d.commitBytes = cfg.CommitBytes
-	if d.commitBytes <= 0 {
-		d.commitBytes = DefaultCommitBytes
-	}
-	d.commitBytes = min(d.commitBytes, d.maxBatch)
-	// At least two slabs, so that a whole-slab write finds room while a batch is open.
-	d.batchFloor = min(d.maxBatch, max(4*d.commitBytes, int64(2*d.pieceSectors*d.s)))
-	d.limit = d.maxBatch // until a commit shows what syncs cost
-	d.interval = cfg.CommitInterval
-	if d.interval <= 0 {
-		d.interval = DefaultCommitInterval
-	}
-	// Idle slabs kept for reuse: two batches' worth (a full batch may wait while a full
-	// one commits) and two spare pieces, so that a steady write load recycles every slab
-	// and makes no garbage. With one batch's worth, 14% of a sequential load's slabs were
-	// new ones (faulted in, zeroed, collected): 1.5% more CPU per byte.
-	piece := int64(d.pieceSectors * d.s)
-	d.slabs = newSlabPool(d.s, d.pieceSectors, 2*d.maxBatch/int64(d.pieceSectors*d.s)*piece+2*piece)
-	d.epoch = time.Now()
-	d.cond.L = &d.mu
-	if err := d.recover(); err != nil {
-		d.jrnl.wipe()
-		return fmt.Errorf("open device: recovery: %w", err)
-	}
-	d.pending = &batch{seq: 1}
-	d.durable, d.started = d.pending.seq-1, d.pending.seq-1
-	if !d.ro {
-		d.kick = make(chan struct{}, 1)
-		d.done = make(chan struct{})
-		go d.committer()
-	}
-	return nil
 }
 
 // Size is the number of bytes exposed.
@@ -307,12 +233,7 @@ type Recovery struct {
 }
 
 // Recovery reports what Open's recovery did.
-func (d *Device) Recovery() Recovery {
-	if !d.geo.auth {
-		return Recovery{Journal: "none"}
-	}
-	return d.recovery
-}
+func (d *Device) Recovery() Recovery { return d.eng.recovery() }
 
 // Stats are counters for monitoring and tests.
 type Stats struct {
@@ -334,9 +255,7 @@ func (d *Device) Stats() Stats {
 		Syncs:            d.stats.syncs.Load(),
 		AuthFailures:     d.stats.authFailures.Load(),
 	}
-	if d.cache != nil {
-		st.CacheBlocks, st.CacheLoads, st.CacheEvictions = d.cache.stats()
-	}
+	d.eng.cacheStats(&st)
 	return st
 }
 
@@ -371,8 +290,8 @@ func (d *Device) check(off, n int64, write bool) error {
 	return nil
 }
 
-func (d *Device) getBuf() *[]byte  { return d.bufs.Get().(*[]byte) }
-func (d *Device) putBuf(b *[]byte) { d.bufs.Put(b) }
+func (c *core) getBuf() *[]byte  { return c.bufs.Get().(*[]byte) }
+func (c *core) putBuf(b *[]byte) { c.bufs.Put(b) }
 
 // ReadAt fills p with the plaintext at off. A sector that fails authentication makes the
 // request fail with an error wrapping sector.ErrAuth (and so EIO); p's contents are then
@@ -385,11 +304,11 @@ func (d *Device) ReadAt(p []byte, off int64) error {
 	if err := d.check(off, int64(len(p)), false); err != nil {
 		return err
 	}
-	err := d.forSectors(p, off, d.readSectors, func(i uint64, o int, part []byte) error {
+	err := d.forSectors(p, off, d.eng.readSectors, func(i uint64, o int, part []byte) error {
 		bp := d.getBuf()
 		defer d.putBuf(bp)
 		buf := (*bp)[:d.s]
-		if err := d.readSectors(buf, i, 1); err != nil {
+		if err := d.eng.readSectors(buf, i, 1); err != nil {
 			return err
 		}
 		copy(part, buf[o:])
@@ -400,6 +319,27 @@ func (d *Device) ReadAt(p []byte, off int64) error {
 		se.Offset = off
 	}
 	return err
+}
+
+// Extents describes how [off, off+length) is stored, for NBD_CMD_BLOCK_STATUS
+// ("base:allocation"): runs contiguous from off, at least one, covering at most length
+// (a long range may be answered in part: ask again from where the answer ends). In
+// authenticated modes a sector whose record is zero (never written, trimmed or zeroed)
+// is a hole that reads as zeroes, and a sector with a write not yet committed counts as
+// that write leaves it. Length-preserving modes report data throughout. Extents reads
+// records, never sector data.
+func (d *Device) Extents(off, length int64) ([]Extent, error) {
+	if err := d.enter(false); err != nil {
+		return nil, err
+	}
+	defer d.leave()
+	if err := d.check(off, length, false); err != nil {
+		return nil, err
+	}
+	if length == 0 {
+		return nil, fmt.Errorf("extents of an empty range at offset %d: %w", off, ErrOutOfRange)
+	}
+	return d.eng.extents(off, length)
 }
 
 // Cache loads the metadata of [off, off+length) into the metadata cache, as far as the
@@ -413,43 +353,33 @@ func (d *Device) Cache(off, length int64) error {
 	if err := d.check(off, length, false); err != nil {
 		return err
 	}
-	if !d.geo.auth || length == 0 {
+	if length == 0 {
 		return nil
 	}
-	s := int64(d.s)
-	g0, _ := d.geo.groupOf(uint64(off / s))
-	g1, _ := d.geo.groupOf(uint64((off + length - 1) / s))
-	for g := g0; g <= g1 && g-g0 < uint64(d.cache.capacity()); g++ {
-		b, err := d.cache.get(g)
-		if err != nil {
-			return err
-		}
-		d.cache.unpin(b)
-	}
-	return nil
+	return d.eng.loadMeta(off, length)
 }
 
 // forSectors splits [off, off+len(p)) into whole-sector pieces of at most pieceSectors
 // (passed to whole) and partial sectors at the edges (passed to partial with the sector,
 // the offset in it and the slice of p).
-func (d *Device) forSectors(p []byte, off int64, whole func(p []byte, first uint64, n int) error,
+func (c *core) forSectors(p []byte, off int64, whole func(p []byte, first uint64, n int) error,
 	partial func(i uint64, o int, part []byte) error) error {
-	s := int64(d.s)
+	s := int64(c.s)
 	for len(p) > 0 {
 		i, o := uint64(off/s), int(off%s)
-		if o != 0 || len(p) < d.s {
-			n := min(len(p), d.s-o)
+		if o != 0 || len(p) < c.s {
+			n := min(len(p), c.s-o)
 			if err := partial(i, o, p[:n]); err != nil {
 				return err
 			}
 			p, off = p[n:], off+int64(n)
 			continue
 		}
-		n := min(len(p)/d.s, d.pieceSectors)
-		if err := whole(p[:n*d.s], i, n); err != nil {
+		n := min(len(p)/c.s, c.pieceSectors)
+		if err := whole(p[:n*c.s], i, n); err != nil {
 			return err
 		}
-		p, off = p[n*d.s:], off+int64(n)*s
+		p, off = p[n*c.s:], off+int64(n)*s
 	}
 	return nil
 }
@@ -463,26 +393,7 @@ func (d *Device) WriteAt(p []byte, off int64, flags Flags) error {
 	if err := d.check(off, int64(len(p)), true); err != nil {
 		return err
 	}
-	if !d.geo.auth {
-		return d.plainWriteAt(p, off, flags)
-	}
-	var last uint64
-	err := d.forSectors(p, off, func(p []byte, first uint64, n int) error {
-		seq, err := d.writeWhole(p, first, n)
-		last = max(last, seq)
-		return err
-	}, func(i uint64, o int, part []byte) error {
-		seq, err := d.writePartial(i, o, part)
-		last = max(last, seq)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	if flags&FUA != 0 {
-		return d.waitDurable(last)
-	}
-	return nil
+	return d.eng.writeAt(p, off, flags)
 }
 
 // WriteZeroes makes [off, off+length) read as zeroes. In authenticated modes whole sectors
@@ -497,37 +408,7 @@ func (d *Device) WriteZeroes(off, length int64, flags Flags) error {
 	if err := d.check(off, length, true); err != nil {
 		return err
 	}
-	if !d.geo.auth {
-		return d.plainWriteZeroes(off, length, flags)
-	}
-	var last uint64
-	s := int64(d.s)
-	if o := off % s; o != 0 && length > 0 {
-		n := min(length, s-o)
-		seq, err := d.writePartial(uint64(off/s), int(o), zeroes(int(n)))
-		if err != nil {
-			return err
-		}
-		last, off, length = max(last, seq), off+n, length-n
-	}
-	if whole := length / s; whole > 0 {
-		seq, err := d.zeroWhole(uint64(off/s), uint64(whole), flags&NoHole == 0)
-		if err != nil {
-			return err
-		}
-		last, off, length = max(last, seq), off+whole*s, length-whole*s
-	}
-	if length > 0 {
-		seq, err := d.writePartial(uint64(off/s), 0, zeroes(int(length)))
-		if err != nil {
-			return err
-		}
-		last = max(last, seq)
-	}
-	if flags&FUA != 0 {
-		return d.waitDurable(last)
-	}
-	return nil
+	return d.eng.writeZeroes(off, length, flags)
 }
 
 // Trim drops whole sectors in [off, off+length): in authenticated modes they read as
@@ -547,17 +428,7 @@ func (d *Device) Trim(off, length int64, flags Flags) error {
 	if end <= first {
 		return nil
 	}
-	if !d.geo.auth {
-		return d.plainTrim(uint64(first), uint64(end-first), flags)
-	}
-	seq, err := d.zeroWhole(uint64(first), uint64(end-first), true)
-	if err != nil {
-		return err
-	}
-	if flags&FUA != 0 {
-		return d.waitDurable(seq)
-	}
-	return nil
+	return d.eng.trim(uint64(first), uint64(end-first), flags)
 }
 
 // Flush makes every write that completed before it was called durable, whichever
@@ -570,16 +441,7 @@ func (d *Device) Flush() error {
 	if d.ro {
 		return nil
 	}
-	if !d.geo.auth {
-		return d.sync()
-	}
-	d.mu.Lock()
-	target := d.started
-	if !d.pending.empty() {
-		target = d.pending.seq
-	}
-	d.mu.Unlock()
-	return d.waitDurable(target)
+	return d.eng.flush()
 }
 
 // Close commits what is pending, leaves an empty journal and syncs. It waits for requests
@@ -593,37 +455,12 @@ func (d *Device) Close() error {
 	}
 	d.closed = true
 	defer d.workers.stop()
-	if !d.geo.auth {
-		if d.ro {
-			return nil
-		}
-		return d.sync()
-	}
-	defer d.jrnl.wipe()
-	if d.ro {
-		return nil
-	}
-	d.mu.Lock()
-	d.stopping = true
-	d.mu.Unlock()
-	d.poke()
-	<-d.done
-	d.mu.Lock()
-	err := d.failed
-	d.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	// Everything is committed: an empty journal makes the next Open skip recovery.
-	if err := d.writeJournal(nil); err != nil {
-		return fmt.Errorf("close: %w", err)
-	}
-	return nil
+	return d.eng.close()
 }
 
-func (d *Device) sync() error {
-	d.stats.syncs.Add(1)
-	if err := d.p.Sync(); err != nil {
+func (c *core) sync() error {
+	c.stats.syncs.Add(1)
+	if err := c.p.Sync(); err != nil {
 		return fmt.Errorf("sync provider: %w", err)
 	}
 	return nil
@@ -644,9 +481,9 @@ type authLog struct {
 
 const authLogMax = 4096
 
-func (d *Device) reportAuth(index uint64, err error) {
-	d.stats.authFailures.Add(1)
-	a := &d.authLog
+func (c *core) reportAuth(index uint64, err error) {
+	c.stats.authFailures.Add(1)
+	a := &c.authLog
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.seen == nil {
@@ -658,11 +495,11 @@ func (d *Device) reportAuth(index uint64, err error) {
 	if len(a.seen) >= authLogMax {
 		if !a.dropped {
 			a.dropped = true
-			d.log.Error("more sectors fail authentication; not logging each any more", "logged", authLogMax)
+			c.log.Error("more sectors fail authentication; not logging each any more", "logged", authLogMax)
 		}
 		return
 	}
 	a.seen[index] = struct{}{}
-	d.log.Error("sector failed authentication: tampered, corrupted, or torn by a crash on a provider whose atomic write unit is smaller than the sector",
+	c.log.Error("sector failed authentication: tampered, corrupted, or torn by a crash on a provider whose atomic write unit is smaller than the sector",
 		"sector", index, "err", err)
 }

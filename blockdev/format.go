@@ -22,12 +22,10 @@ func Format(p provider.Provider, l Layout) error {
 		return nil
 	}
 	end := l.DataOffset + l.Span()
-	pu, canPunch := p.(provider.Puncher)
-	blockDev := false
-	if b, ok := p.(interface{ IsBlockDevice() bool }); ok {
-		blockDev = b.IsBlockDevice()
-	}
-	if canPunch && !blockDev {
+	caps := provider.CapabilitiesOf(p)
+	canPunch := caps.Punch
+	pu, _ := p.(provider.Puncher)
+	if canPunch && !caps.BlockDevice {
 		if err := pu.Punch(l.JournalOffset(), end-l.JournalOffset()); err != nil {
 			return fmt.Errorf("format: %w", err)
 		}

@@ -2,8 +2,8 @@ package blockdev
 
 // geometry holds the numbers of the layout that the I/O paths need for every sector,
 // computed once. layout.Layout derives each of them on every call, through sector.Mode's
-// table lookups (about nine for one DataPos); bench/run's CPU profile of a sequential
-// write showed that at about 6% of the server's time.
+// table lookups (about nine for one DataPos), which showed in the server's CPU profile
+// of a sequential write (docs/benchmarks.md, "Measurements behind design choices").
 type geometry struct {
 	auth       bool   // sectors carry records
 	sectorSize int64  // S

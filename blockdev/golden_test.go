@@ -6,6 +6,7 @@ import (
 	"crypto/cipher"
 	"crypto/sha256"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -27,11 +28,13 @@ import (
 // every byte of the image, so any change of the format fails here until the files are
 // regenerated on purpose:
 //
-//	ELI_GOLDEN_UPDATE=1 go test -run Golden ./blockdev/
+//	go test -run Golden ./blockdev/ -update
 //
 // The header regions are zero: keys/ has its own golden headers.
 
 const goldenDir = "testdata"
+
+var updateGolden = flag.Bool("update", false, "rewrite the golden volumes in blockdev/testdata")
 
 var (
 	goldenDataKey    = seqBytes(0x00, 32)
@@ -302,13 +305,13 @@ func TestGoldenVolumesRead(t *testing.T) {
 func TestGoldenVolumesWrite(t *testing.T) {
 	t.Parallel()
 	for name, g := range goldenImages(t) {
-		if os.Getenv("ELI_GOLDEN_UPDATE") == "1" {
+		if *updateGolden {
 			writeGoldenFile(t, name, g.img)
 			continue
 		}
 		if !bytes.Equal(readGolden(t, name), g.img) {
 			t.Errorf("%s: writing the golden workload again gives other bytes: the on-disk format changed. "+
-				"If that is deliberate, bump the format version in docs/format.md and run ELI_GOLDEN_UPDATE=1 go test -run Golden ./blockdev/", name)
+				"If that is deliberate, bump the format version in docs/format.md and run go test -run Golden ./blockdev/ -update", name)
 		}
 	}
 }

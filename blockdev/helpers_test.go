@@ -257,3 +257,6 @@ func (r *detRand) Read(p []byte) (int, error) {
 }
 
 var _ io.Reader = (*detRand)(nil)
+
+// authOf is d's authenticated engine, for tests of its batches.
+func authOf(d *Device) *authEngine { return d.eng.(*authEngine) }

@@ -3,149 +3,177 @@ package blockdev
 import (
 	"fmt"
 
-	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
 )
 
-// Length-preserving modes (MetaSize 0): sector i is at D + i·S, there is no record, no
-// batch and no journal. Writes encrypt and go straight to the provider; Flush syncs. A
-// crash can tear a sector like on any plain disk (these modes promise no more).
+// plainEngine is the engine of length-preserving modes (MetaSize 0): sector i is at
+// D + i·S, there is no record, no batch and no journal. Writes encrypt and go straight to
+// the provider; Flush syncs. A crash can tear a sector like on any plain disk (these
+// modes promise no more).
 //
 // Whole sectors go to the codec a chunk (chunkSectors) at a time through sector.Runner.
+type plainEngine struct {
+	*core
+	runs sector.Runner
+}
 
-func (d *Device) plainReadSectors(dst []byte, first uint64, n int) error {
+func newPlainEngine(c *core, runs sector.Runner) *plainEngine {
+	return &plainEngine{core: c, runs: runs}
+}
+
+func (e *plainEngine) flush() error { return e.sync() }
+
+func (e *plainEngine) close() error {
+	if e.ro {
+		return nil
+	}
+	return e.sync()
+}
+
+// loadMeta has nothing to load: there are no records.
+func (e *plainEngine) loadMeta(off, length int64) error { return nil }
+
+// extents reports everything as data: without records, nothing says what was written.
+func (e *plainEngine) extents(off, length int64) ([]Extent, error) {
+	return []Extent{{Length: length}}, nil
+}
+
+func (e *plainEngine) recovery() Recovery { return Recovery{Journal: "none"} }
+
+func (e *plainEngine) cacheStats(st *Stats) {}
+
+func (e *plainEngine) readSectors(dst []byte, first uint64, n int) error {
 	// Each chunk is read and decrypted by one worker, while it is in that core's cache.
-	return d.workers.runRead(n, d.chunkSectors, func(lo, hi int) error {
-		chunk := dst[lo*d.s : hi*d.s]
-		if _, err := d.p.ReadAt(chunk, d.geo.dataPos(first+uint64(lo))); err != nil {
+	return e.workers.runRead(n, e.chunkSectors, func(lo, hi int) error {
+		chunk := dst[lo*e.s : hi*e.s]
+		if _, err := e.p.ReadAt(chunk, e.geo.dataPos(first+uint64(lo))); err != nil {
 			return fmt.Errorf("read sectors %d-%d: %w", first+uint64(lo), first+uint64(hi-1), err)
 		}
-		if err := d.plainRuns.OpenRun(first+uint64(lo), chunk, chunk); err != nil {
+		if err := e.runs.OpenRun(first+uint64(lo), chunk, chunk); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
 		return nil
 	})
 }
 
-// plainSeal encrypts n sectors of buf in place as sectors first….
-func (d *Device) plainSeal(buf []byte, first uint64, n int) {
-	d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-		chunk := buf[lo*d.s : hi*d.s]
-		d.plainRuns.SealRun(first+uint64(lo), chunk, chunk)
+// seal encrypts n sectors of buf in place as sectors first….
+func (e *plainEngine) seal(buf []byte, first uint64, n int) {
+	e.workers.run(n, e.chunkSectors, func(lo, hi int) error {
+		chunk := buf[lo*e.s : hi*e.s]
+		e.runs.SealRun(first+uint64(lo), chunk, chunk)
 		return nil
 	})
 }
 
-func (d *Device) plainWriteAt(p []byte, off int64, flags Flags) error {
-	bp := d.getBuf()
-	defer d.putBuf(bp)
-	err := d.forSectors(p, off, func(p []byte, first uint64, n int) error {
+func (e *plainEngine) writeAt(p []byte, off int64, flags Flags) error {
+	bp := e.getBuf()
+	defer e.putBuf(bp)
+	err := e.forSectors(p, off, func(p []byte, first uint64, n int) error {
 		buf := (*bp)[:len(p)]
 		// Encrypt from the caller's buffer, which must stay as it is, a chunk at a time:
 		// a run lets xchacha*-xts derive its per-sector subkeys in batches.
-		d.workers.run(n, d.chunkSectors, func(lo, hi int) error {
-			d.plainRuns.SealRun(first+uint64(lo), buf[lo*d.s:hi*d.s], p[lo*d.s:hi*d.s])
+		e.workers.run(n, e.chunkSectors, func(lo, hi int) error {
+			e.runs.SealRun(first+uint64(lo), buf[lo*e.s:hi*e.s], p[lo*e.s:hi*e.s])
 			return nil
 		})
-		return d.plainWriteSealed(buf, first, n)
-	}, d.plainWritePartial)
+		return e.writeSealed(buf, first, n)
+	}, e.writePartial)
 	if err == nil && flags&FUA != 0 {
-		err = d.sync()
+		err = e.sync()
 	}
 	return err
 }
 
-// plainWriteWhole encrypts n sectors of plaintext buf (which it overwrites) and writes
+// writeWhole encrypts n sectors of plaintext buf (which it overwrites) and writes
 // them under the sectors' locks, so a concurrent read-modify-write cannot undo them.
-func (d *Device) plainWriteWhole(buf []byte, first uint64, n int) error {
-	d.plainSeal(buf, first, n)
-	return d.plainWriteSealed(buf, first, n)
+func (e *plainEngine) writeWhole(buf []byte, first uint64, n int) error {
+	e.seal(buf, first, n)
+	return e.writeSealed(buf, first, n)
 }
 
-// plainWriteSealed writes n encrypted sectors.
-func (d *Device) plainWriteSealed(buf []byte, first uint64, n int) error {
-	d.locks.lock(first, uint64(n))
-	defer d.locks.unlock(first, uint64(n))
-	if _, err := d.p.WriteAt(buf, d.geo.dataPos(first)); err != nil {
+// writeSealed writes n encrypted sectors.
+func (e *plainEngine) writeSealed(buf []byte, first uint64, n int) error {
+	e.locks.lock(first, uint64(n))
+	defer e.locks.unlock(first, uint64(n))
+	if _, err := e.p.WriteAt(buf, e.geo.dataPos(first)); err != nil {
 		return fmt.Errorf("write sectors %d-%d: %w", first, first+uint64(n-1), err)
 	}
 	return nil
 }
 
-func (d *Device) plainWritePartial(i uint64, o int, part []byte) error {
-	bp := d.getBuf()
-	defer d.putBuf(bp)
-	buf := (*bp)[:d.s]
-	d.locks.lock(i, 1)
-	defer d.locks.unlock(i, 1)
-	if err := d.plainReadSectors(buf, i, 1); err != nil {
+func (e *plainEngine) writePartial(i uint64, o int, part []byte) error {
+	bp := e.getBuf()
+	defer e.putBuf(bp)
+	buf := (*bp)[:e.s]
+	e.locks.lock(i, 1)
+	defer e.locks.unlock(i, 1)
+	if err := e.readSectors(buf, i, 1); err != nil {
 		return err
 	}
 	copy(buf[o:], part)
-	d.codec.Seal(i, buf, nil)
-	if _, err := d.p.WriteAt(buf, d.geo.dataPos(i)); err != nil {
+	e.codec.Seal(i, buf, nil)
+	if _, err := e.p.WriteAt(buf, e.geo.dataPos(i)); err != nil {
 		return fmt.Errorf("write sector %d: %w", i, err)
 	}
 	return nil
 }
 
-// plainTrim punches whole sectors out where the provider can; a trim is advisory, so
+// trim punches whole sectors out where the provider can; a trim is advisory, so
 // elsewhere it does nothing.
-func (d *Device) plainTrim(first, n uint64, flags Flags) error {
-	pu, ok := d.p.(provider.Puncher)
-	if !ok {
+func (e *plainEngine) trim(first, n uint64, flags Flags) error {
+	if e.puncher == nil {
 		return nil
 	}
-	if err := pu.Punch(d.geo.dataPos(first), int64(n)*int64(d.s)); err != nil {
+	if err := e.puncher.Punch(e.geo.dataPos(first), int64(n)*int64(e.s)); err != nil {
 		return fmt.Errorf("trim sectors %d-%d: %w", first, first+n-1, err)
 	}
 	if flags&FUA != 0 {
-		return d.sync()
+		return e.sync()
 	}
 	return nil
 }
 
-// plainWriteZeroes writes encrypted zeroes. Only mode none, whose zero plaintext is zero
+// writeZeroes writes encrypted zeroes. Only mode none, whose zero plaintext is zero
 // ciphertext, can punch instead.
-func (d *Device) plainWriteZeroes(off, length int64, flags Flags) error {
-	pu, canPunch := d.p.(provider.Puncher)
-	canPunch = canPunch && d.codec.Mode() == sector.ModeNone && flags&NoHole == 0
+func (e *plainEngine) writeZeroes(off, length int64, flags Flags) error {
+	pu := e.puncher
+	canPunch := pu != nil && e.codec.Mode() == sector.ModeNone && flags&NoHole == 0
 	if flags&FastZero != 0 && !canPunch {
 		return ErrSlowZero
 	}
-	s := int64(d.s)
-	bp := d.getBuf()
-	defer d.putBuf(bp)
+	s := int64(e.s)
+	bp := e.getBuf()
+	defer e.putBuf(bp)
 	for length > 0 {
 		i, o := uint64(off/s), off%s
 		if o != 0 || length < s {
 			n := min(length, s-o)
-			if err := d.plainWritePartial(i, int(o), zeroes(int(n))); err != nil {
+			if err := e.writePartial(i, int(o), zeroes(int(n))); err != nil {
 				return err
 			}
 			off, length = off+n, length-n
 			continue
 		}
-		n := min(length/s, int64(d.pieceSectors))
+		n := min(length/s, int64(e.pieceSectors))
 		if canPunch {
 			n = length / s
-			d.locks.lock(i, uint64(n))
-			err := pu.Punch(d.geo.dataPos(i), n*s)
-			d.locks.unlock(i, uint64(n))
+			e.locks.lock(i, uint64(n))
+			err := pu.Punch(e.geo.dataPos(i), n*s)
+			e.locks.unlock(i, uint64(n))
 			if err != nil {
 				return fmt.Errorf("zero sectors %d-%d: %w", i, i+uint64(n-1), err)
 			}
 		} else {
 			buf := (*bp)[:n*s]
 			clear(buf)
-			if err := d.plainWriteWhole(buf, i, int(n)); err != nil {
+			if err := e.writeWhole(buf, i, int(n)); err != nil {
 				return err
 			}
 		}
 		off, length = off+n*s, length-n*s
 	}
 	if flags&FUA != 0 {
-		return d.sync()
+		return e.sync()
 	}
 	return nil
 }

@@ -74,43 +74,40 @@ var readScratchPool = sync.Pool{New: func() any { return new(readScratch) }}
 
 // readSectors reads n whole sectors (n ≤ pieceSectors) starting at first into dst
 // (n·S bytes, no spare capacity needed).
-func (d *Device) readSectors(dst []byte, first uint64, n int) error {
-	if !d.geo.auth {
-		return d.plainReadSectors(dst, first, n)
-	}
+func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 	rs := readScratchPool.Get().(*readScratch)
 	defer readScratchPool.Put(rs)
 	if cap(rs.src) < n {
-		rs.src = make([]source, d.pieceSectors)
-		rs.recs = make([]byte, d.pieceSectors*layout.RecordSize)
+		rs.src = make([]source, a.pieceSectors)
+		rs.recs = make([]byte, a.pieceSectors*layout.RecordSize)
 	}
 	src, recs := rs.src[:n], rs.recs[:n*layout.RecordSize]
-	defer d.dropRefs(src)
+	defer a.dropRefs(src)
 	var moved []int
 	for attempt := 0; ; attempt++ {
 		locked := attempt >= 2
 		if locked {
-			d.commitMu.Lock()
+			a.commitMu.Lock()
 		}
-		seen := d.classify(first, src)
+		seen := a.classify(first, src)
 		rs.bad = rs.bad[:0]
-		err := d.fetchRecords(first, src, recs)
+		err := a.fetchRecords(first, src, recs)
 		if err == nil {
 			// Each chunk reads its sectors from the provider and opens them at once, while
 			// they are still in this core's cache; a failure to open is only noted here,
 			// since a commit may have rewritten the sector under the read.
-			err = d.workers.runRead(n, d.chunkSectors, func(lo, hi int) error {
-				bad, err := d.readOpen(dst, first, src, recs, lo, hi)
+			err = a.workers.runRead(n, a.chunkSectors, func(lo, hi int) error {
+				bad, err := a.readOpen(dst, first, src, recs, lo, hi)
 				rs.noteBad(bad)
 				return err
 			})
 		}
 		ok := false
 		if err == nil {
-			moved, ok = d.revalidate(first, src, seen, moved[:0])
+			moved, ok = a.revalidate(first, src, seen, moved[:0])
 		}
 		if locked {
-			d.commitMu.Unlock()
+			a.commitMu.Unlock()
 		}
 		if err != nil {
 			return err
@@ -118,14 +115,14 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 		if ok {
 			break
 		}
-		d.dropRefs(src)
+		a.dropRefs(src)
 	}
 	// Sectors that the commit that began during the read holds come from its batch: the
 	// bytes read from the provider may pair an old record with new data.
 	for _, k := range moved {
 		i := first + uint64(k)
 		rs.bad = slices.DeleteFunc(rs.bad, func(b uint64) bool { return b == i })
-		bad, err := d.openRuns(dst, first, src, recs, k, k+1)
+		bad, err := a.openRuns(dst, first, src, recs, k, k+1)
 		if err != nil {
 			return err
 		}
@@ -135,9 +132,9 @@ func (d *Device) readSectors(dst []byte, first uint64, n int) error {
 	var firstErr error
 	for _, i := range rs.bad {
 		serr := fmt.Errorf("sector %d: %w", i, sector.ErrAuth)
-		d.reportAuth(i, serr)
+		a.reportAuth(i, serr)
 		if firstErr == nil {
-			firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(d.s), Err: serr}
+			firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(a.s), Err: serr}
 		}
 	}
 	return firstErr
@@ -151,10 +148,10 @@ func (rs *readScratch) noteBad(bad []uint64) {
 	}
 }
 
-func (d *Device) dropRefs(src []source) {
+func (a *authEngine) dropRefs(src []source) {
 	for k := range src {
 		if src[k].slab != nil {
-			d.slabs.release(src[k].slab)
+			a.slabs.release(src[k].slab)
 			src[k].slab = nil
 		}
 	}
@@ -168,12 +165,12 @@ func (s *source) fromEntry(e entry) {
 }
 
 // classify looks each sector up in the batches and returns the commit sequence it saw.
-func (d *Device) classify(first uint64, src []source) uint64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	pe, ce := &d.pending.entries, (*sectorMap)(nil)
-	if d.committing != nil {
-		ce = &d.committing.entries
+func (a *authEngine) classify(first uint64, src []source) uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	pe, ce := &a.pending.entries, (*sectorMap)(nil)
+	if a.committing != nil {
+		ce = &a.committing.entries
 	}
 	var ps, cs *span
 	for k := range src {
@@ -188,19 +185,19 @@ func (d *Device) classify(first uint64, src []source) uint64 {
 			src[k].fromEntry(*e)
 		}
 	}
-	return d.started
+	return a.started
 }
 
 // revalidate is the second look described above. It appends to moved the sectors that it
 // switched to the committing batch.
-func (d *Device) revalidate(first uint64, src []source, seen uint64, moved []int) ([]int, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.started == seen {
+func (a *authEngine) revalidate(first uint64, src []source, seen uint64, moved []int) ([]int, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.started == seen {
 		return moved, true
 	}
-	c := d.committing
-	if d.started != seen+1 || c == nil || c.seq != seen+1 {
+	c := a.committing
+	if a.started != seen+1 || c == nil || c.seq != seen+1 {
 		return moved, false
 	}
 	for k := range src {
@@ -218,7 +215,7 @@ func (d *Device) revalidate(first uint64, src []source, seen uint64, moved []int
 // fetchRecords fills in the records of the sectors that are in no batch, and lines them
 // up in recs (RecordSize bytes each, at the sectors' positions) for OpenRunMeta; openRuns
 // lines up those of batch sectors. Groups without such a sector are not looked up.
-func (d *Device) fetchRecords(first uint64, src []source, recs []byte) error {
+func (a *authEngine) fetchRecords(first uint64, src []source, recs []byte) error {
 	const rs = layout.RecordSize
 	n := len(src)
 	for k := 0; k < n; {
@@ -226,9 +223,9 @@ func (d *Device) fetchRecords(first uint64, src []source, recs []byte) error {
 			k++
 			continue
 		}
-		g, j := d.geo.groupOf(first + uint64(k))
-		end := min(n, k+d.geo.groupSectors(g)-j) // end of this group within the request
-		if err := d.cache.records(g, j, recs[k*rs:end*rs]); err != nil {
+		g, j := a.geo.groupOf(first + uint64(k))
+		end := min(n, k+a.geo.groupSectors(g)-j) // end of this group within the request
+		if err := a.cache.records(g, j, recs[k*rs:end*rs]); err != nil {
 			return err
 		}
 		for x := k; x < end; x++ {
@@ -236,8 +233,8 @@ func (d *Device) fetchRecords(first uint64, src []source, recs []byte) error {
 			if sc.kind != srcDisk {
 				continue
 			}
-			if d.overrides != nil {
-				if r, ok := d.overrides[first+uint64(x)]; ok {
+			if a.overrides != nil {
+				if r, ok := a.overrides[first+uint64(x)]; ok {
 					copy(recs[x*rs:(x+1)*rs], r[:])
 				}
 			}
@@ -251,32 +248,32 @@ func (d *Device) fetchRecords(first uint64, src []source, recs []byte) error {
 // readOpen reads sectors [lo, hi) that are in no batch and have a record from the
 // provider (one ReadAt per run of them within a group), then opens [lo, hi) in place. It
 // returns the sectors that failed to open.
-func (d *Device) readOpen(dst []byte, first uint64, src []source, recs []byte, lo, hi int) ([]uint64, error) {
+func (a *authEngine) readOpen(dst []byte, first uint64, src []source, recs []byte, lo, hi int) ([]uint64, error) {
 	for x := lo; x < hi; {
 		if src[x].kind != srcDisk || src[x].rec.isZero() {
 			x++
 			continue
 		}
-		g, j := d.geo.groupOf(first + uint64(x))
-		end := min(hi, x+d.geo.groupSectors(g)-j)
+		g, j := a.geo.groupOf(first + uint64(x))
+		end := min(hi, x+a.geo.groupSectors(g)-j)
 		y := x + 1
 		for y < end && src[y].kind == srcDisk && !src[y].rec.isZero() {
 			y++
 		}
-		if _, err := d.p.ReadAt(dst[x*d.s:y*d.s], d.geo.dataPos(first+uint64(x))); err != nil {
+		if _, err := a.p.ReadAt(dst[x*a.s:y*a.s], a.geo.dataPos(first+uint64(x))); err != nil {
 			return nil, fmt.Errorf("read sectors %d-%d: %w", first+uint64(x), first+uint64(y-1), err)
 		}
 		x = y
 	}
-	return d.openRuns(dst, first, src, recs, lo, hi)
+	return a.openRuns(dst, first, src, recs, lo, hi)
 }
 
 // openRuns turns sectors [lo, hi) of dst into plaintext: batch sectors are copied from
 // their slab, then one OpenRunMeta per run of sectors that have a record (recs lined up by
 // fetchRecords). It returns the sectors that fail authentication (their bytes in dst are
 // zeroed).
-func (d *Device) openRuns(dst []byte, first uint64, src []source, recs []byte, lo, hi int) ([]uint64, error) {
-	s := d.s
+func (a *authEngine) openRuns(dst []byte, first uint64, src []source, recs []byte, lo, hi int) ([]uint64, error) {
+	s := a.s
 	const rs = layout.RecordSize
 	var bad []uint64
 	for k := lo; k < hi; {
@@ -293,7 +290,7 @@ func (d *Device) openRuns(dst []byte, first uint64, src []source, recs []byte, l
 				copy(recs[j*rs:(j+1)*rs], sc.rec[:])
 			}
 		}
-		err := d.runs.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
+		err := a.runs.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
 		if err != nil {
 			var ae *sector.RunAuthError
 			if !errors.As(err, &ae) {

@@ -12,34 +12,34 @@ import (
 // wins if the sector's data opens with it (or it is zero), the old one otherwise. It reads
 // one sector per entry, so its cost follows the last commit's size, never the volume's.
 // Writable devices write the chosen records, sync, and leave an empty journal; read-only
-// ones keep them in memory (d.overrides) and write nothing.
-func (d *Device) recover() error {
-	entries, err := d.jrnl.read(d.p, d.l.Sectors)
+// ones keep them in memory (a.overrides) and write nothing.
+func (a *authEngine) recover() error {
+	entries, err := a.jrnl.read(a.p, a.l.Sectors)
 	switch {
 	case errors.Is(err, errNoJournal):
-		d.recovery.Journal = "zero"
-		d.log.Debug("journal: nothing to recover", "detail", err)
+		a.rec.Journal = "zero"
+		a.log.Debug("journal: nothing to recover", "detail", err)
 		return nil
 	case errors.Is(err, errJournalTorn):
 		// Its sync never completed, so none of its in-place writes started.
-		d.recovery.Journal = "torn"
-		d.log.Info("journal: the last commit was interrupted before it reached the data area; nothing to recover", "detail", err)
+		a.rec.Journal = "torn"
+		a.log.Info("journal: the last commit was interrupted before it reached the data area; nothing to recover", "detail", err)
 		return nil
 	case err != nil:
 		return err
 	case len(entries) == 0:
-		d.recovery.Journal = "empty"
+		a.rec.Journal = "empty"
 		return nil
 	}
-	d.recovery = Recovery{Journal: "replayed", Sectors: len(entries), InMemory: d.ro}
-	if d.ro {
-		d.overrides = make(map[uint64]record)
+	a.rec = Recovery{Journal: "replayed", Sectors: len(entries), InMemory: a.ro}
+	if a.ro {
+		a.overrides = make(map[uint64]record)
 	}
-	buf := make([]byte, d.s)
+	buf := make([]byte, a.s)
 	var blocks []*mblock
 	defer func() {
 		for _, b := range blocks {
-			d.cache.unpin(b)
+			a.cache.unpin(b)
 		}
 	}()
 	for _, e := range entries {
@@ -47,10 +47,10 @@ func (d *Device) recover() error {
 		if e.new.isZero() {
 			choice = e.new
 		} else {
-			if _, err := d.p.ReadAt(buf, d.geo.dataPos(e.index)); err != nil {
+			if _, err := a.p.ReadAt(buf, a.geo.dataPos(e.index)); err != nil {
 				return fmt.Errorf("read sector %d: %w", e.index, err)
 			}
-			err := d.codec.Open(e.index, buf, e.new[:])
+			err := a.codec.Open(e.index, buf, e.new[:])
 			switch {
 			case err == nil:
 				choice = e.new
@@ -60,39 +60,39 @@ func (d *Device) recover() error {
 		}
 		clear(buf)
 		if choice == e.new {
-			d.recovery.RolledForward++
+			a.rec.RolledForward++
 		} else {
-			d.recovery.RolledBack++
+			a.rec.RolledBack++
 		}
-		g, j := d.geo.groupOf(e.index)
+		g, j := a.geo.groupOf(e.index)
 		if len(blocks) == 0 || blocks[len(blocks)-1].g != g {
-			b, err := d.cache.get(g)
+			b, err := a.cache.get(g)
 			if err != nil {
 				return err
 			}
 			blocks = append(blocks, b)
 		}
 		b := blocks[len(blocks)-1]
-		if d.cache.record(b, j) == choice {
+		if a.cache.record(b, j) == choice {
 			continue
 		}
-		if d.ro {
-			d.overrides[e.index] = choice
+		if a.ro {
+			a.overrides[e.index] = choice
 		} else {
-			d.cache.patch(b, j, &choice)
+			a.cache.patch(b, j, &choice)
 		}
 	}
-	r := d.recovery
-	d.log.Info("journal: recovered the last commit", "sectors", r.Sectors,
+	r := a.rec
+	a.log.Info("journal: recovered the last commit", "sectors", r.Sectors,
 		"rolled_forward", r.RolledForward, "rolled_back", r.RolledBack, "in_memory_only", r.InMemory)
-	if d.ro {
+	if a.ro {
 		return nil
 	}
-	if err := d.writeBlocks(blocks); err != nil {
+	if err := a.writeBlocks(blocks); err != nil {
 		return err
 	}
 	// The records are durable: the journal has done its job.
-	return d.writeJournal(nil)
+	return a.writeJournal(nil)
 }
 
 // wipe zeroes the journal key inside the x/crypto AEAD (see sector's aead.go for why

@@ -7,7 +7,9 @@ import (
 	"time"
 )
 
-// workers is a fixed pool of goroutines that seal and open the chunks of large requests.
+// workers is a fixed pool of goroutines (GOMAXPROCS unless Config.Workers says otherwise)
+// that seal and open the chunks (64 KiB) of large requests, and write a commit's pieces
+// where the provider takes parallel writes.
 // The requesting goroutine works too, taking chunks from the same counter, so a request
 // never waits for a busy pool: when every worker is taken by other requests, the caller
 // simply does all its chunks itself. Small requests never touch the pool.
@@ -56,10 +58,8 @@ func (w *workers) stop() {
 // before it parks. A reader that issues one request at a time sends the next within
 // microseconds, while a parked thread takes longer than that to wake on a VM, and the
 // request waits for it with one core idle. Writes do not spin: there the pool's cores
-// are better left to the caller and the committer. Measured (blockdev's DeviceVsRaw,
-// alternating runs): sequential reads one request at a time went from 0.67–0.75 to
-// 0.78–0.80 of the raw cipher, four at a time unchanged; spinning after writes as well
-// cost writes one at a time up to 30%.
+// are better left to the caller and the committer: spinning after writes as well made
+// writes one at a time slower (docs/benchmarks.md, "Measurements behind design choices").
 const spinFor = 30 * time.Microsecond
 
 // poll waits for the next task, spinning (and yielding to other goroutines) for spinFor

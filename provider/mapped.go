@@ -11,11 +11,11 @@ import (
 
 // A regular file on tmpfs is read through a shared, read-only mapping of the whole file
 // instead of pread. On tmpfs, pread is mostly per-page bookkeeping (look up and reference
-// each 4 KiB folio, copy, release): it cost 0.16 ns of CPU per byte here, where a copy out
-// of the same pages mapped cost 0.05 (1 MiB pieces of a 512 MiB file in /dev/shm, Zen 4),
-// and that was a third of an encrypted read's CPU time. The copy still goes into the
-// caller's buffer, so that what blockdev authenticates and what it decrypts are the same
-// bytes, whatever another process does to the file meanwhile.
+// each 4 KiB folio, copy, release), several times the CPU of a copy out of the same pages
+// mapped, and a large part of an encrypted read's CPU time (docs/benchmarks.md,
+// "Measurements behind design choices"). The copy still goes into the caller's buffer,
+// so that what blockdev authenticates and what it decrypts are the same bytes, whatever
+// another process does to the file meanwhile.
 //
 // Only where all pages of the range are in memory (mincore): a read fault on a hole of a
 // tmpfs file allocates a page, which would fill a sparse provider with zeroes, so holes
@@ -23,12 +23,11 @@ import (
 // the same bytes, a page of memory spent.) The mapping costs no memory of its own beyond
 // page tables for the pages read through it: 2 MiB per GiB read, with 4 KiB pages.
 //
-// Writes stay pwrite. A copy into the mapping would cost a quarter of pwrite's CPU
-// (0.04 ns per byte against 0.18), but a process killed in the middle of a memory copy
-// leaves a torn sector, where pwrite, page by page from memory it holds, leaves each
-// page old or new; and the crash guarantee needs every sector old or new after a crash
-// (docs/threat-model.md). On file systems backed by a disk nothing is mapped: pread costs
-// a third of what it does on tmpfs there, and a mapping would only add page tables.
+// Writes stay pwrite. A copy into the mapping would cost much less CPU than pwrite, but
+// a process killed in the middle of a memory copy leaves a torn sector, where pwrite,
+// page by page from memory it holds, leaves each page old or new; and the crash
+// guarantee needs every sector old or new after a crash (docs/threat-model.md). On file systems backed by a disk nothing is mapped: pread costs
+// much less there than on tmpfs, and a mapping would only add page tables.
 //
 // A fault in the mapping (the file truncated by another process) is SIGBUS; with
 // SetPanicOnFault it becomes a panic that ReadAt turns into an error for that read, as

@@ -24,6 +24,34 @@ type Provider interface {
 	Size() int64
 }
 
+// Capabilities are what a provider can do beyond Provider, which its user plans by:
+// whether to punch or write zeroes, whether to write from one thread or several.
+// CapabilitiesOf gathers them; a provider states each one through a named interface
+// below, or all at once through Capable.
+type Capabilities struct {
+	// SerialWrites: concurrent WriteAt calls run one after the other anyway
+	// (SerialWriter).
+	SerialWrites bool
+	// Punch: the provider implements Puncher.
+	Punch bool
+	// AtomicWrite is the size in bytes of an aligned write that a crash leaves either
+	// wholly old or wholly new (AtomicWriter); 0 if the provider cannot say.
+	AtomicWrite int
+	// Shared: hosts other than this one may write the storage while it is attached
+	// (Sharer), so a lock taken on this host does not keep every other writer out.
+	Shared bool
+	// BlockDevice: the storage is a block device rather than a file (BlockDevice):
+	// punching zeroes the range instead of freeing it, and the size is fixed.
+	BlockDevice bool
+}
+
+// Capable is implemented by providers that report their capabilities all at once, such
+// as a remote provider answering from what its server said when it connected.
+// CapabilitiesOf takes the answer, except that Punch also needs the Puncher method.
+type Capable interface {
+	Capabilities() Capabilities
+}
+
 // Puncher is implemented by providers that can drop a range cheaply, so that it reads
 // as zeroes (a hole in a file, a zeroed or discarded range on a device).
 type Puncher interface {
@@ -38,6 +66,50 @@ type SerialWriter interface {
 	SerialWrites() bool
 }
 
+// AtomicWriter is implemented by providers that know their atomic write unit.
+type AtomicWriter interface {
+	// AtomicWriteUnit is the size in bytes of an aligned write that a crash leaves
+	// wholly old or wholly new; 0 if unknown.
+	AtomicWriteUnit() int
+}
+
+// Sharer is implemented by providers whose storage other hosts may reach at once (a
+// shared LUN, a network export).
+type Sharer interface {
+	// SharedByHosts reports whether other hosts may write the storage meanwhile.
+	SharedByHosts() bool
+}
+
+// BlockDevice is implemented by providers that can tell a block device from a file.
+type BlockDevice interface {
+	IsBlockDevice() bool
+}
+
+// CapabilitiesOf reports p's capabilities: p's own answer if it is Capable, else what
+// its named capability interfaces say (a missing one means no, or 0).
+func CapabilitiesOf(p Provider) Capabilities {
+	_, punch := p.(Puncher)
+	if c, ok := p.(Capable); ok {
+		caps := c.Capabilities()
+		caps.Punch = caps.Punch && punch
+		return caps
+	}
+	caps := Capabilities{Punch: punch}
+	if v, ok := p.(SerialWriter); ok {
+		caps.SerialWrites = v.SerialWrites()
+	}
+	if v, ok := p.(AtomicWriter); ok {
+		caps.AtomicWrite = v.AtomicWriteUnit()
+	}
+	if v, ok := p.(Sharer); ok {
+		caps.Shared = v.SharedByHosts()
+	}
+	if v, ok := p.(BlockDevice); ok {
+		caps.BlockDevice = v.IsBlockDevice()
+	}
+	return caps
+}
+
 // ErrInUse is returned by Lock when another process holds the provider.
 var ErrInUse = errors.New("provider is in use (attached by another eli process?)")
 
@@ -47,6 +119,7 @@ type File struct {
 	path    string
 	size    int64
 	isBlock bool
+	atomic  int    // AtomicWriteUnit
 	mem     []byte // the whole file mapped for reading, or nil (mapped.go)
 }
 
@@ -96,7 +169,11 @@ func (p *File) refreshSize() error {
 		if err != nil {
 			return fmt.Errorf("size of block device %s: %w", p.path, err)
 		}
-		p.size, p.isBlock = int64(n), true
+		bs, err := unix.IoctlGetInt(int(p.f.Fd()), unix.BLKSSZGET)
+		if err != nil {
+			return fmt.Errorf("block size of block device %s: %w", p.path, err)
+		}
+		p.size, p.isBlock, p.atomic = int64(n), true, bs
 	default:
 		return fmt.Errorf("provider %s is neither a regular file nor a block device", p.path)
 	}
@@ -116,11 +193,17 @@ func (p *File) Size() int64 { return p.size }
 
 // SerialWrites is true for a regular file: Linux file systems take the inode's lock
 // exclusively for a buffered write (tmpfs, ext4, XFS and btrfs all do), so two pwrites to
-// one file run one after the other, and the second spins on the lock meanwhile (on tmpfs
-// here, two threads writing 256 KiB pieces spent 35% more CPU per byte than one, for no
-// gain in throughput). A block device's page cache takes no such lock: parallel writes
-// to a loop device ran 1.4 times as fast as one thread's.
+// one file run one after the other, and the second spins on the lock meanwhile: more CPU
+// per byte for no gain in throughput. A block device's page cache takes no such lock, and
+// parallel writes to it run faster than one thread's (docs/benchmarks.md, "Measurements
+// behind design choices").
 func (p *File) SerialWrites() bool { return !p.isBlock }
+
+// AtomicWriteUnit is a block device's logical block size, the unit its writes complete
+// in. A regular file reports 0: what a crash leaves of a write depends on the file system
+// and on the crash (a killed process leaves each page old or new, a power cut whatever
+// the file system's journaling mode leaves).
+func (p *File) AtomicWriteUnit() int { return p.atomic }
 
 func (p *File) ReadAt(b []byte, off int64) (int, error) {
 	if n, ok, err := p.readMapped(b, off); ok {

@@ -165,6 +165,9 @@ func TestBlockDevice(t *testing.T) {
 	if !p.IsBlockDevice() || p.SerialWrites() || p.Size() != 8<<20 {
 		t.Fatalf("block %v, serial writes %v, size %d", p.IsBlockDevice(), p.SerialWrites(), p.Size())
 	}
+	if c := CapabilitiesOf(p); !c.BlockDevice || c.SerialWrites || !c.Punch || c.AtomicWrite < 512 || c.AtomicWrite&(c.AtomicWrite-1) != 0 {
+		t.Fatalf("a loop device's capabilities: %+v", c)
+	}
 	if err := p.Punch(1<<20, 64<<10); err != nil {
 		t.Fatal(err)
 	}
@@ -183,5 +186,53 @@ func TestBlockDevice(t *testing.T) {
 	}
 	if err := p.Lock(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The capability answers a provider type gives: a File's, a wrapper's that states only
+// some, and a Capable one's, which cannot claim Punch without the method.
+type (
+	bare      struct{ Provider }
+	punching  struct{ Provider }
+	described struct {
+		Provider
+		caps Capabilities
+	}
+	describedPunching struct{ described }
+	sharedSerial      struct{ Provider }
+)
+
+func (punching) Punch(off, length int64) error          { return nil }
+func (p described) Capabilities() Capabilities          { return p.caps }
+func (describedPunching) Punch(off, length int64) error { return nil }
+func (sharedSerial) SharedByHosts() bool                { return true }
+func (sharedSerial) SerialWrites() bool                 { return true }
+func (sharedSerial) AtomicWriteUnit() int               { return 4096 }
+func (sharedSerial) IsBlockDevice() bool                { return true }
+
+func TestCapabilitiesOf(t *testing.T) {
+	t.Parallel()
+	path := tempFile(t, 1<<20)
+	f, err := Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	all := Capabilities{SerialWrites: true, Punch: true, AtomicWrite: 512, Shared: true, BlockDevice: true}
+	for _, tc := range []struct {
+		name string
+		p    Provider
+		want Capabilities
+	}{
+		{"file", f, Capabilities{SerialWrites: true, Punch: true}},
+		{"bare", bare{f}, Capabilities{}},
+		{"punching", punching{f}, Capabilities{Punch: true}},
+		{"named interfaces", sharedSerial{f}, Capabilities{SerialWrites: true, AtomicWrite: 4096, Shared: true, BlockDevice: true}},
+		{"capable without Punch", described{f, all}, Capabilities{SerialWrites: true, AtomicWrite: 512, Shared: true, BlockDevice: true}},
+		{"capable with Punch", describedPunching{described{f, all}}, all},
+	} {
+		if got := CapabilitiesOf(tc.p); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
 	}
 }
