@@ -15,8 +15,8 @@ import (
 	"github.com/elidisk/eli/sector"
 )
 
-// Flags qualify a write-type request. The bits are those of nbd.Flags (FUA, NoHole,
-// FastZero), so the CLI's adapter converts with blockdev.Flags(f).
+// Flags qualify a write-type request: FUA, NoHole, FastZero, as NBD's command flags do.
+// Their bits are blockdev's own; package volume maps NBD's to them by name.
 type Flags uint16
 
 const (
