@@ -18,11 +18,14 @@ func newDetachCmd(g *globalOptions) *cobra.Command {
 		Short: "Flush, close and forget the keys of an attached volume",
 		Long: `Detach stops the server of an attached volume: it finishes the requests in flight,
 commits and flushes every write, closes the provider and wipes the keys from memory.
-A kernel NBD device connected with 'attach --device' is disconnected first.
+A kernel NBD device connected with 'attach --device' is disconnected as the server
+stops; while the device is in use (mounted, stacked on, or open in any process) detach
+is refused unless --force.
 
---force kills a server that no longer answers (SIGKILL): writes it had acknowledged
-but not yet flushed may be lost, exactly as after a power cut; what was flushed is
-safe, and the next attach repairs the last commit.`,
+--force detaches a device in use (the filesystem on it then fails), and kills a
+server that no longer answers (SIGKILL): writes it had acknowledged but not yet
+flushed may be lost, exactly as after a power cut; what was flushed is safe, and the
+next attach repairs the last commit.`,
 		Example: "  eli detach disk.img\n  eli detach /srv/disk.img\n  eli detach --force disk.img",
 		Args:    exactArgs("NAME|PROVIDER"),
 		ValidArgsFunction: func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
@@ -59,9 +62,15 @@ func attachedNames(g *globalOptions) []string {
 }
 
 func detach(sd stateDir, rec *record, force bool, timeout time.Duration) error {
-	if rec.Device != "" {
-		if err := nbdkernel.Disconnect(rec.DeviceIdx); err != nil && !force {
-			return fmt.Errorf("disconnect %s: %w (unmount it first; --force to detach anyway)", rec.Device, err)
+	// The server disconnects the kernel device as it stops; refuse before asking it to,
+	// while the device is still in use.
+	if rec.Device != "" && !force {
+		why, err := nbdkernel.InUse(rec.DeviceIdx)
+		if err != nil {
+			return fmt.Errorf("check whether %s is in use: %w (--force to detach anyway)", rec.Device, err)
+		}
+		if why != "" {
+			return fmt.Errorf("%s is in use: %s; unmount or close it first, or --force to detach anyway (the filesystem on it then fails)", rec.Device, why)
 		}
 	}
 	proc, err := os.FindProcess(rec.Pid)
@@ -81,6 +90,11 @@ func detach(sd stateDir, rec *record, force bool, timeout time.Duration) error {
 	proc.Signal(syscall.SIGKILL)
 	if !waitGone(sd, rec.Name, 10*time.Second) {
 		return fmt.Errorf("server for %s (pid %d) survived SIGKILL", rec.Name, rec.Pid)
+	}
+	if rec.Device != "" {
+		// A killed server did not disconnect: the kernel would hold the device's I/O
+		// for a new server until its dead-connection timeout.
+		nbdkernel.Disconnect(rec.DeviceIdx)
 	}
 	if l, err := sd.lockName(rec.Name); err == nil {
 		sd.cleanup(rec.Name, rec)

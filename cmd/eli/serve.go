@@ -201,7 +201,7 @@ func startServer(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *sl
 	s.listeners = nil // the servers own them now
 
 	if cfg.Device != "" {
-		idx, err := connectKernel(cfg, d)
+		idx, err := connectKernel(cfg, d, log)
 		if err != nil {
 			return nil, err
 		}
@@ -224,7 +224,7 @@ func startServer(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *sl
 
 // connectKernel negotiates cfg.Connections sockets with our own server and hands them to
 // the kernel's NBD driver.
-func connectKernel(cfg *serveConfig, d *blockdev.Device) (int, error) {
+func connectKernel(cfg *serveConfig, d *blockdev.Device, log *slog.Logger) (int, error) {
 	idx, err := nbdkernel.ParseDevice(cfg.Device)
 	if err != nil {
 		return -1, err
@@ -250,10 +250,24 @@ func connectKernel(cfg *serveConfig, d *blockdev.Device) (int, error) {
 		}
 		files = append(files, f)
 	}
-	return nbdkernel.Connect(nbdkernel.Config{
+	idx, replugged, err := nbdkernel.Attach(nbdkernel.Config{
 		Index: idx, Size: uint64(d.Size()), BlockSize: uint64(d.SectorSize()),
 		ServerFlags: flags, TimeoutSeconds: 30, Sockets: files,
+		DeadConnTimeoutSeconds: nbdkernel.DeadConnTimeout,
+		Backend:                nbdkernel.BackendID(cfg.VolumeID[:]),
 	})
+	if err != nil {
+		return -1, err
+	}
+	if replugged {
+		log.Info("re-plugged the live kernel device", "device", cfg.Device)
+	}
+	if kib, err := nbdkernel.Tune(idx); err != nil {
+		log.Warn("tune kernel device", "device", cfg.Device, "err", err)
+	} else {
+		log.Info("kernel device", "device", cfg.Device, "max_sectors_kb", kib)
+	}
+	return idx, nil
 }
 
 // wait blocks until ctx ends or a listener fails.
