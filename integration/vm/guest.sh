@@ -120,7 +120,7 @@ sync
 after=$(stat -c %b $P)
 r trim_blocks "$before" "$after"
 
-# Crash: kill -9 the server while a file is written with O_DSYNC writes, then attach
+# Crash: kill -9 the server while a file is written (each piece fsynced), then attach
 # again within the dead-connection timeout. Every write(2) the writer finishes is
 # durable, so the file must end up equal to its source.
 dd if=/dev/urandom of=/tmp/src bs=64k count=96 2>/dev/null
@@ -128,7 +128,7 @@ dmesg -c >/dev/null
 (
 	i=0
 	while [ $i -lt 96 ]; do
-		dd if=/tmp/src of=/mnt/log bs=64k skip=$i seek=$i count=1 conv=notrunc oflag=dsync 2>/dev/null || { echo "fail $i" >/tmp/writer.err; exit 1; }
+		dd if=/tmp/src of=/mnt/log bs=64k skip=$i seek=$i count=1 conv=notrunc,fsync 2>/dev/null || { echo "fail $i" >/tmp/writer.err; exit 1; }
 		echo $i >/tmp/writer.at
 		i=$((i + 1))
 	done
