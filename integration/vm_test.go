@@ -40,8 +40,9 @@ func vmKernel(t *testing.T) (vmlinuz, modRoot string) {
 // TestVMKernelDevice boots Debian's 6.1 kernel under qemu (TCG) with eli in the
 // initramfs, and checks what only a real /dev/nbdN shows: the block size the kernel
 // uses, a filesystem on it, O_DIRECT, detach refused while the device is in use, fstrim
-// reaching eli, and a server killed with -9 while a file is written, replaced by a new
-// 'eli attach' without the filesystem noticing. The guest (vm/guest.sh) reports; this
+// reaching eli, a server killed with -9 while a file is written and replaced by a new
+// 'eli attach' without the filesystem noticing, and the same for a planned restart
+// ('detach --keep-device'). The guest (vm/guest.sh) reports; this
 // test judges.
 func TestVMKernelDevice(t *testing.T) {
 	qemu := testtool.Need(t, "qemu-system-x86_64", "qemu-system-x86")
@@ -244,6 +245,19 @@ func checkVMResults(t *testing.T, res map[string][]string) {
 	if num("crash_reconnected", 0) < 1 {
 		t.Errorf("the kernel logged no reconnected socket")
 	}
+
+	// Restart without unmounting.
+	want("keep_detach_rc", "0")
+	want("keep_dev", "bound")
+	want("keep_attach_rc", "0")
+	want("keep_writer_rc", "0")
+	want("keep_cmp", "ok")
+	want("keep_crash_file", "ok")
+	want("keep_kernel_errors", "0")
+	if num("keep_reconnected", 0) < 1 {
+		t.Errorf("the kernel logged no reconnected socket after the restart")
+	}
+
 	want("final_detach_rc", "0")
 	want("fsck_rc", "0")
 }

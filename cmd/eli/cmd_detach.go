@@ -11,7 +11,7 @@ import (
 )
 
 func newDetachCmd(g *globalOptions) *cobra.Command {
-	var force bool
+	var force, keepDevice bool
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "detach NAME|PROVIDER",
@@ -22,12 +22,18 @@ A kernel NBD device connected with 'attach --device' is disconnected as the serv
 stops; while the device is in use (mounted, stacked on, or open in any process) detach
 is refused unless --force.
 
+--keep-device stops the server (every write committed and flushed) but leaves the
+kernel device connected, mounted or not: the kernel holds its I/O until
+'eli attach --device DEVICE PROVIDER' plugs a new server in, for up to 60 seconds.
+This restarts eli (an upgrade, say) without unmounting.
+
 --force detaches a device in use (the filesystem on it then fails), and kills a
 server that no longer answers (SIGKILL): writes it had acknowledged but not yet
 flushed may be lost, exactly as after a power cut; what was flushed is safe, and the
 next attach repairs the last commit.`,
-		Example: "  eli detach disk.img\n  eli detach /srv/disk.img\n  eli detach --force disk.img",
-		Args:    exactArgs("NAME|PROVIDER"),
+		Example: "  eli detach disk.img\n  eli detach /srv/disk.img\n  eli detach --force disk.img\n" +
+			"  eli detach --keep-device disk.img && eli attach --device /dev/nbd0 disk.img",
+		Args: exactArgs("NAME|PROVIDER"),
 		ValidArgsFunction: func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
 			return attachedNames(g), cobra.ShellCompDirectiveNoFileComp
 		},
@@ -40,10 +46,14 @@ next attach repairs the last commit.`,
 			if err != nil {
 				return err
 			}
+			if keepDevice {
+				return detachKeepDevice(sd, rec, timeout)
+			}
 			return detach(sd, rec, force, timeout)
 		},
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "kill a server that does not exit (unflushed writes may be lost)")
+	cmd.Flags().BoolVar(&keepDevice, "keep-device", false, "stop the server but leave the kernel device connected, for a new attach to take over")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "how long to wait for the server to finish")
 	return cmd
 }
@@ -99,6 +109,20 @@ func detach(sd stateDir, rec *record, force bool, timeout time.Duration) error {
 	if l, err := sd.lockName(rec.Name); err == nil {
 		sd.cleanup(rec.Name, rec)
 		l.release()
+	}
+	return nil
+}
+
+// detachKeepDevice asks the server to stop without disconnecting its kernel device.
+func detachKeepDevice(sd stateDir, rec *record, timeout time.Duration) error {
+	if rec.Device == "" {
+		return usagef("--keep-device: %s has no kernel device (attach --device)", rec.Name)
+	}
+	if err := syscall.Kill(rec.Pid, syscall.SIGUSR1); err != nil && sd.alive(rec.Name) {
+		return fmt.Errorf("signal server (pid %d): %w", rec.Pid, err)
+	}
+	if !waitGone(sd, rec.Name, timeout) {
+		return fmt.Errorf("server for %s (pid %d) did not exit within %v", rec.Name, rec.Pid, timeout)
 	}
 	return nil
 }

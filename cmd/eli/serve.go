@@ -9,7 +9,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/elidisk/eli/blockdev"
@@ -145,12 +148,32 @@ type server struct {
 	errc      chan error
 	devIndex  int
 	rec       *record
+	// keepDevice: stop without disconnecting the kernel device (SIGUSR1), so that the
+	// next 'eli attach --device' re-plugs it while the filesystem on it stays mounted.
+	keepDevice atomic.Bool
+}
+
+// keepDeviceOnSIGUSR1 makes SIGUSR1 stop the server as SIGTERM does (every write
+// committed and flushed, the provider closed), but leave the kernel device connected:
+// the kernel holds the device's I/O for up to nbdkernel.DeadConnTimeout seconds for a
+// new server to re-plug it. 'eli detach --keep-device' sends it.
+func (s *server) keepDeviceOnSIGUSR1() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	go func() {
+		<-ch
+		s.keepDevice.Store(true)
+		syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	}()
 }
 
 // startServer opens the volume, listens, and connects the kernel device if asked. On
 // success the export is ready for clients.
 func startServer(cfg *serveConfig, p *provider.File, mk *keys.MasterKey, log *slog.Logger) (*server, error) {
 	s := &server{cfg: cfg, log: log, errc: make(chan error, 2), devIndex: -1}
+	if cfg.Device != "" {
+		s.keepDeviceOnSIGUSR1()
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -286,7 +309,10 @@ func (s *server) wait(ctx context.Context) error {
 // stop disconnects the kernel device, drains and closes every connection (which flushes),
 // closes the device (final commit) and wipes the keys it held.
 func (s *server) stop(ctx context.Context) error {
-	if s.devIndex >= 0 {
+	if s.devIndex >= 0 && s.keepDevice.Load() {
+		s.log.Info("leaving the kernel device connected for the next attach", "device", s.cfg.Device,
+			"dead_conn_timeout_s", nbdkernel.DeadConnTimeout)
+	} else if s.devIndex >= 0 {
 		if err := nbdkernel.Disconnect(s.devIndex); err != nil {
 			s.log.Warn("disconnect kernel device", "device", s.cfg.Device, "err", err)
 		}
@@ -297,7 +323,11 @@ func (s *server) stop(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for _, srv := range s.servers {
-		if err := srv.Shutdown(ctx); err != nil {
+		shutdown := srv.Shutdown
+		if s.keepDevice.Load() {
+			shutdown = srv.Handover // the kernel resends what we leave unanswered
+		}
+		if err := shutdown(ctx); err != nil {
 			s.log.Warn("shutdown", "err", err)
 		}
 	}

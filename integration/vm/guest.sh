@@ -154,6 +154,39 @@ cmp -s /tmp/src /mnt/log && r crash_cmp ok || r crash_cmp differ
 (cd /mnt && sha256sum -c /tmp/sums 2>/dev/null | grep -c OK) | { read n; r crash_old_files_ok "$n"; }
 r crash_kernel_errors "$(dmesg | grep -c -i -e 'I/O error' -e 'EXT4-fs error' -e 'EXT4-fs warning')"
 r crash_reconnected "$(dmesg | grep -c 'reconnected socket')"
+
+# Restart without unmounting: 'detach --keep-device' while a file is written with
+# O_DIRECT (acknowledged, never flushed by the writer), then attach again. The old
+# server commits every write it acknowledged before it exits, so nothing may be lost.
+dmesg -c >/dev/null
+rm -f /tmp/writer.at
+(
+	i=0
+	while [ $i -lt 96 ]; do
+		dd if=/tmp/src of=/mnt/log2 bs=64k skip=$i seek=$i count=1 conv=notrunc oflag=direct 2>/dev/null || { echo "fail $i" >/tmp/writer.err; exit 1; }
+		echo $i >/tmp/writer.at
+		i=$((i + 1))
+	done
+) &
+writer=$!
+n=0
+while [ "$(cat /tmp/writer.at 2>/dev/null || echo 0)" -lt 16 ] && [ $n -lt 600 ]; do sleep 0.2; n=$((n + 1)); done
+eli detach --keep-device vol >/tmp/detach5.out 2>&1
+r keep_detach_rc $?
+r keep_stopped_at "$(cat /tmp/writer.at)"
+[ -e /sys/block/nbd0/pid ] && r keep_dev bound || r keep_dev unbound
+eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 --connections 2 $P >/tmp/attach4.out 2>&1
+rc=$?
+r keep_attach_rc $rc
+[ $rc -eq 0 ] || cat /tmp/attach4.out
+wait $writer
+r keep_writer_rc $?
+umount /mnt
+mount -t ext4 /dev/nbd0 /mnt
+cmp -s /tmp/src /mnt/log2 && r keep_cmp ok || r keep_cmp differ
+cmp -s /tmp/src /mnt/log && r keep_crash_file ok || r keep_crash_file differ
+r keep_kernel_errors "$(dmesg | grep -c -i -e 'I/O error' -e 'EXT4-fs error' -e 'EXT4-fs warning')"
+r keep_reconnected "$(dmesg | grep -c 'reconnected socket')"
 umount /mnt
 
 # Grow the attached volume.
