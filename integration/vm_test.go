@@ -73,7 +73,8 @@ func TestVMKernelDevice(t *testing.T) {
 	if err := rd.CopyFile("bin/eli", eli); err != nil {
 		t.Fatal(err)
 	}
-	for name, src := range map[string]string{"sbin/mkfs.ext4": mkfs, "sbin/e2fsck": fsck} {
+	resize2fs := testtool.Need(t, "resize2fs", "e2fsprogs")
+	for name, src := range map[string]string{"sbin/mkfs.ext4": mkfs, "sbin/e2fsck": fsck, "sbin/resize2fs": resize2fs} {
 		if err := rd.CopyProgram(name, src); err != nil {
 			t.Fatal(err)
 		}
@@ -275,13 +276,24 @@ func checkVMResults(t *testing.T, res map[string][]string) {
 		t.Errorf("the kernel logged no reconnected socket after the restart")
 	}
 
-	// Resizing an attached volume is refused, and the device keeps its size.
+	// Resizing an attached volume is refused, and the device keeps its size; through a
+	// restart (detach --keep-device, resize, attach) the mounted device grows.
 	if get("resize_rc") == "0" || !strings.Contains(get("resize_msg"), "attached") {
 		t.Errorf("resize of an attached volume: rc %s, %q; want a refusal naming it attached", get("resize_rc"), get("resize_msg"))
 	}
 	if v := res["resize_dev_size"]; len(v) != 2 || v[0] != v[1] {
 		t.Errorf("device size changed across a refused resize: %v", v)
 	}
+	for _, k := range []string{"grow_keep_rc", "grow_resize_rc", "grow_attach_rc", "grow_resize2fs_rc", "grow_write_rc"} {
+		want(k, "0")
+	}
+	if before, after := num("grow_dev_size", 0), num("grow_dev_size", 1); after <= before || after != num("grow_eli_size", 0) {
+		t.Errorf("device size %d -> %d across the grow, eli serves %s", before, after, get("grow_eli_size"))
+	}
+	if before, after := num("grow_fs_kb", 0), num("grow_fs_kb", 1); after <= before {
+		t.Errorf("filesystem size %d KiB -> %d KiB after resize2fs", before, after)
+	}
+	want("grow_old_files_ok", "2")
 
 	want("final_detach_rc", "0")
 	want("fsck_rc", "0")

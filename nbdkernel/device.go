@@ -56,6 +56,8 @@ func processAlive(pid int) bool {
 // upgrade without disconnecting), it plugs c's sockets into the live device instead
 // (Reconfigure): a filesystem mounted on it sees the I/O it issued meanwhile complete
 // late, not fail, provided this happens within the dead-connection timeout.
+// A volume grown meanwhile ('eli resize' between 'detach --keep-device' and attach)
+// grows the live device; a smaller one is refused.
 // It returns the device index and whether the device was re-plugged.
 func Attach(c Config) (idx int, replugged bool, err error) {
 	return realHost.attach(c, Connect, Reconfigure)
@@ -70,6 +72,13 @@ func (h host) attach(c Config, connect func(Config) (int, error), reconfigure fu
 				return -1, false, fmt.Errorf("/dev/nbd%d is connected to another export (backend %q)", c.Index, backend)
 			case processAlive(pid):
 				return -1, false, fmt.Errorf("/dev/nbd%d is still served by pid %d", c.Index, pid)
+			}
+			// Growing is what 'detach --keep-device', 'resize', 'attach' is for; a
+			// smaller volume would cut the filesystem on the device short.
+			if sectors, err := h.readAttr(c.Index, "size"); err == nil {
+				if n, err := strconv.ParseUint(sectors, 10, 64); err == nil && c.Size < n*512 {
+					return -1, false, fmt.Errorf("/dev/nbd%d has %d bytes, more than the volume's %d", c.Index, n*512, c.Size)
+				}
 			}
 			if err := reconfigure(c); err != nil {
 				return -1, false, fmt.Errorf("re-plug /dev/nbd%d: %w", c.Index, err)

@@ -87,14 +87,17 @@ func TestReconfigureAttrs(t *testing.T) {
 		t.Fatal(err)
 	}
 	attrs, fds := decodeTop(t, b)
-	for _, a := range []uint16{attrIndex, attrTimeout, attrDeadConnTimeout, attrBackend, attrSockets} {
+	for _, a := range []uint16{attrIndex, attrSizeBytes, attrTimeout, attrDeadConnTimeout, attrBackend, attrSockets} {
 		if _, ok := attrs[a]; !ok {
 			t.Errorf("attribute %d missing", a)
 		}
 	}
-	// The size and client flags belong to the connect; a reconfigure must not change
-	// the geometry under a mounted filesystem.
-	for _, a := range []uint16{attrSizeBytes, attrBlockSizeBytes, attrClientFlags, attrServerFlags} {
+	if v := attrs[attrSizeBytes]; len(v) != 8 || binary.NativeEndian.Uint64(v) != 1<<20 {
+		t.Errorf("size attribute = %x", v)
+	}
+	// The block size and flags belong to the connect; a reconfigure must not change
+	// the block size under a mounted filesystem.
+	for _, a := range []uint16{attrBlockSizeBytes, attrClientFlags, attrServerFlags} {
 		if _, ok := attrs[a]; ok {
 			t.Errorf("attribute %d sent in a reconfigure", a)
 		}
@@ -156,7 +159,11 @@ func TestAttachChoosesConnectOrReplug(t *testing.T) {
 	}{
 		{name: "free device", files: map[string]string{"sys/block/nbd2/dev": "43:64"}, backend: be, want: "connect"},
 		{name: "dead server, same volume", backend: be, want: "replug",
-			files: map[string]string{"sys/block/nbd2/pid": dead, "sys/block/nbd2/backend": be}},
+			files: map[string]string{"sys/block/nbd2/pid": dead, "sys/block/nbd2/backend": be, "sys/block/nbd2/size": "16\n"}},
+		{name: "dead server, volume grown", backend: be, want: "replug",
+			files: map[string]string{"sys/block/nbd2/pid": dead, "sys/block/nbd2/backend": be, "sys/block/nbd2/size": "8\n"}},
+		{name: "dead server, volume shrunk", backend: be, want: "more than the volume's 8192",
+			files: map[string]string{"sys/block/nbd2/pid": dead, "sys/block/nbd2/backend": be, "sys/block/nbd2/size": "17\n"}},
 		{name: "dead server, other volume", backend: be, want: "another export",
 			files: map[string]string{"sys/block/nbd2/pid": dead, "sys/block/nbd2/backend": "eli:ffff"}},
 		{name: "connected without backend", backend: be, want: "another export",
@@ -170,7 +177,7 @@ func TestAttachChoosesConnectOrReplug(t *testing.T) {
 			t.Parallel()
 			h := fakeHost(t, tc.files)
 			var called string
-			idx, replugged, err := h.attach(Config{Index: 2, Backend: tc.backend},
+			idx, replugged, err := h.attach(Config{Index: 2, Size: 8192, Backend: tc.backend},
 				func(Config) (int, error) { called = "connect"; return 2, nil },
 				func(c Config) error {
 					called = "replug"

@@ -116,9 +116,11 @@ func connectAttrs(c Config) ([]byte, error) {
 	return ae.Encode()
 }
 
-// reconfigureAttrs encodes NBD_CMD_RECONFIGURE: new sockets for a live device. The
-// kernel takes the size and block size from the original connect; the backend, when
-// given, must match the one the device was connected with.
+// reconfigureAttrs encodes NBD_CMD_RECONFIGURE: new sockets for a live device, and its
+// size, which grows the device live when the volume was grown while the device waited
+// (Linux 6.1 applies it; a kernel that ignores it keeps the old size). The block size
+// stays the one of the original connect. The backend, when given, must match the one
+// the device was connected with.
 func reconfigureAttrs(c Config) ([]byte, error) {
 	if c.Index < 0 {
 		return nil, errors.New("nbdkernel: reconfigure needs a device index")
@@ -128,6 +130,9 @@ func reconfigureAttrs(c Config) ([]byte, error) {
 	}
 	ae := netlink.NewAttributeEncoder()
 	ae.Uint32(attrIndex, uint32(c.Index))
+	if c.Size > 0 {
+		ae.Uint64(attrSizeBytes, c.Size)
+	}
 	if c.TimeoutSeconds > 0 {
 		ae.Uint64(attrTimeout, c.TimeoutSeconds)
 	}
