@@ -204,6 +204,10 @@ func checkVMResults(t *testing.T, res map[string][]string) {
 	if num("dev_size", 0) != num("eli_size", 0) || num("dev_size", 0) <= 0 {
 		t.Errorf("kernel device size %s, eli serves %s", get("dev_size"), get("eli_size"))
 	}
+	want("max_sectors_kb", "1024") // nbdkernel.MaxSectorsKiB, below max_hw_sectors_kb
+	if num("discard_max_bytes", 0) <= 0 {
+		t.Errorf("discard_max_bytes %s: the kernel would not send TRIM", get("discard_max_bytes"))
+	}
 	want("raw_direct_cmp", "ok")
 	want("fs_direct_cmp", "ok")
 
