@@ -16,7 +16,7 @@ r() { echo "ELI-RESULT $*"; }
 fin() { r done; sync; poweroff -f; sleep 60; }
 trap fin EXIT
 # A hang guard: whatever wedges, the VM powers off and the test reports what it saw.
-(sleep 240; echo "ELI-RESULT watchdog fired"; dmesg | tail -30; poweroff -f) &
+(sleep 300; echo "ELI-RESULT watchdog fired"; dmesg | tail -30; poweroff -f) &
 
 for m in $(cat /lib/eli-modules/order); do
 	insmod "/lib/eli-modules/$m" || r insmod_failed "$m"
