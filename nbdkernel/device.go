@@ -69,7 +69,8 @@ func (h host) attach(c Config, connect func(Config) (int, error), reconfigure fu
 			backend, _ := h.readAttr(c.Index, "backend")
 			switch {
 			case c.Backend == "" || backend != c.Backend:
-				return -1, false, fmt.Errorf("/dev/nbd%d is connected to another export (backend %q)", c.Index, backend)
+				return -1, false, fmt.Errorf("/dev/nbd%d is connected to another export (backend %q): attach that volume to it, "+
+					"or choose another device (its connection is released by 'nbd-client -d /dev/nbd%d')", c.Index, backend, c.Index)
 			case processAlive(pid):
 				return -1, false, fmt.Errorf("/dev/nbd%d is still served by pid %d", c.Index, pid)
 			}
