@@ -42,6 +42,7 @@ type conn struct {
 	done     chan struct{} // closed to make a reader waiting for budget give up
 	doneOnce sync.Once
 	stopping atomic.Bool
+	unread   atomic.Bool // handing over: leave requests not yet started unanswered
 	work     chan *request
 	nworkers int
 	workers  sync.WaitGroup
@@ -129,6 +130,16 @@ func (c *conn) stop() {
 	c.rw.SetReadDeadline(time.Now().Add(shutdownDrain))
 }
 
+// stopUnread asks a connection to end for a handover: requests in flight finish and are
+// answered, and requests still arriving are left unanswered, for the client to send again
+// to the server that takes over.
+func (c *conn) stopUnread() {
+	c.unread.Store(true)
+	c.stopping.Store(true)
+	c.closeDone()
+	c.rw.SetReadDeadline(time.Now())
+}
+
 // abort ends the connection at once.
 func (c *conn) abort() {
 	c.closeDone()
@@ -202,6 +213,9 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			if acquired = c.s.global.acquire(held, c.done); !acquired {
 				c.local.release(held)
 			}
+		}
+		if !acquired && c.unread.Load() {
+			return "server handing over", slog.LevelInfo
 		}
 		if !acquired {
 			// The server is stopping (or the connection is being torn down): refuse

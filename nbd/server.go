@@ -214,7 +214,15 @@ func (s *Server) forget(c *conn) {
 // finish and answer those in flight, flush its export's backend and close. It returns
 // once every connection is gone, or with ctx's error when ctx ends first, after closing
 // whatever was left. The backends are the caller's to close afterwards.
-func (s *Server) Shutdown(ctx context.Context) error {
+func (s *Server) Shutdown(ctx context.Context) error { return s.stopServing(ctx, false) }
+
+// Handover stops the server as Shutdown does, except that requests a client sent which
+// the server has not started are left unanswered instead of refused with ESHUTDOWN: a
+// client that reconnects to a new server (the Linux kernel re-plugging /dev/nbdN) sends
+// them again there, where ESHUTDOWN would have failed them.
+func (s *Server) Handover(ctx context.Context) error { return s.stopServing(ctx, true) }
+
+func (s *Server) stopServing(ctx context.Context, handover bool) error {
 	_ = s.init() // a bad config only means nothing was ever served
 	s.mu.Lock()
 	s.shutdown = true
@@ -222,7 +230,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		l.Close()
 	}
 	for c := range s.conns {
-		if c.inTransmission {
+		if c.inTransmission && handover {
+			c.stopUnread()
+		} else if c.inTransmission {
 			c.stop()
 		} else {
 			c.nc.Close()

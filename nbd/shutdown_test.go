@@ -225,3 +225,77 @@ func TestInvalidExports(t *testing.T) {
 		})
 	}
 }
+
+// TestHandoverLeavesLateRequestsUnanswered: Handover finishes and answers the requests in
+// flight and flushes, like Shutdown, but a request arriving once it started is neither
+// run nor answered (the connection closes on it), so that a client re-plugged into a new
+// server sends it again instead of failing it with ESHUTDOWN.
+func TestHandoverLeavesLateRequestsUnanswered(t *testing.T) {
+	t.Parallel()
+	mem := newMem(4 << 20)
+	started := make(chan struct{}, 16)
+	release := make(chan struct{})
+	mem.hook = func(name string, off, n int64, f Flags) error {
+		if name == "write" {
+			started <- struct{}{}
+			<-release
+		}
+		return nil
+	}
+	srv := oneExportServer(mem, nil)
+	srv.Logger = testLogger(t)
+	const n, late = 3, 3
+	// The reader takes the first late request off the wire and waits for room to run it
+	// when Handover comes; the others are still unread.
+	srv.MaxInFlightPerConn = n
+	l, err := ListenUnix(filepath.Join(shortTempDir(t), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+
+	rc, _ := mustConnect(t, l.Addr().String(), true)
+	for h := uint64(0); h < n; h++ {
+		rc.send(nbdproto.CmdWrite, 0, h, h*4096, 4096, pattern(4096, byte(h)))
+	}
+	for i := 0; i < n; i++ {
+		<-started
+	}
+	for h := uint64(100); h < 100+late; h++ {
+		rc.send(nbdproto.CmdWrite, 0, h, h*4096, 4096, pattern(4096, byte(h)))
+	}
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut <- srv.Handover(ctx)
+	}()
+	for !srv.closing() {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	for i := 0; i < n; i++ {
+		r, err := rc.readReply()
+		if err != nil || r.err != 0 || r.handle >= n {
+			t.Fatalf("in-flight write: %+v %v, want its success", r, err)
+		}
+	}
+	// Nothing more: no reply for the late writes, just the end of the connection.
+	rc.expectClosed(t)
+	if err := <-shut; err != nil {
+		t.Fatalf("handover: %v", err)
+	}
+	if err := <-served; !errors.Is(err, ErrServerClosed) {
+		t.Fatalf("Serve: %v", err)
+	}
+	ops := mem.opsCopy()
+	if len(ops) != n+1 || ops[n].name != "flush" {
+		t.Fatalf("backend saw %+v, want the %d in-flight writes then a flush", ops, n)
+	}
+	for _, op := range ops[:n] {
+		if op.off >= 100*4096 {
+			t.Errorf("a late write ran: %+v", op)
+		}
+	}
+}

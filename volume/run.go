@@ -3,7 +3,10 @@ package volume
 import (
 	"context"
 	"log/slog"
+	"os"
+	"os/signal"
 	"reflect"
+	"syscall"
 	"time"
 
 	"github.com/elidisk/eli/keys"
@@ -50,6 +53,23 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 		defer close(stopped)
 		sw.run(done)
 	}()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if cfg.Device != "" {
+		// SIGUSR1 ('eli detach --keep-device') stops the server as ctx does, but leaves
+		// the kernel device connected for the next attach to re-plug.
+		usr1 := make(chan os.Signal, 1)
+		signal.Notify(usr1, syscall.SIGUSR1)
+		defer signal.Stop(usr1)
+		go func() {
+			select {
+			case <-usr1:
+				srv.KeepDevice()
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	werr := srv.Wait(ctx)
 	serr := srv.Shutdown(context.Background())
 	close(done)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/elidisk/eli/nbd"
@@ -75,7 +76,16 @@ type Server struct {
 	rec       *Record
 	closed    bool  // Shutdown closed the volume
 	closeErr  error // and this is what Close said
+	// keepDevice: Shutdown leaves the kernel device connected (and hands its requests
+	// over unanswered), so that the next attach re-plugs it while it stays mounted.
+	keepDevice atomic.Bool
 }
+
+// KeepDevice makes Shutdown leave the kernel device connected: the kernel holds its I/O
+// for up to nbdkernel.DeadConnTimeout seconds, for 'eli attach --device' to plug a new
+// server in (a restart or an upgrade without unmounting). Every write is still committed
+// and flushed before Shutdown returns.
+func (s *Server) KeepDevice() { s.keepDevice.Store(true) }
 
 // Listen binds the server's sockets. It comes before the volume is opened: a socket or
 // port that cannot be used must fail the attach before anything touches the provider.
@@ -193,10 +203,24 @@ func (s *Server) connectKernel() (int, error) {
 		}
 		files = append(files, f)
 	}
-	return nbdkernel.Connect(nbdkernel.Config{
+	idx, replugged, err := nbdkernel.Attach(nbdkernel.Config{
 		Index: idx, Size: uint64(s.vol.Size()), BlockSize: uint64(s.vol.SectorSize()),
 		ServerFlags: flags, TimeoutSeconds: 30, Sockets: files,
+		DeadConnTimeoutSeconds: nbdkernel.DeadConnTimeout,
+		Backend:                nbdkernel.BackendID(s.cfg.VolumeID[:]),
 	})
+	if err != nil {
+		return -1, err
+	}
+	if replugged {
+		s.log.Info("re-plugged the live kernel device", "device", s.cfg.Device)
+	}
+	if kib, err := nbdkernel.Tune(idx); err != nil {
+		s.log.Warn("tune kernel device", "device", s.cfg.Device, "err", err)
+	} else {
+		s.log.Info("kernel device", "device", s.cfg.Device, "max_sectors_kb", kib)
+	}
+	return idx, nil
 }
 
 // Wait blocks until ctx ends or a listener fails.
@@ -237,17 +261,25 @@ func (s *Server) Shutdown(ctx context.Context) error {
 var disconnect = nbdkernel.Disconnect
 
 func (s *Server) stopServing(ctx context.Context) {
-	if s.devIndex >= 0 {
+	keep := s.keepDevice.Load()
+	if s.devIndex >= 0 && keep {
+		s.log.Info("leaving the kernel device connected for the next attach", "device", s.cfg.Device,
+			"dead_conn_timeout_s", nbdkernel.DeadConnTimeout)
+	} else if s.devIndex >= 0 {
 		if err := disconnect(s.devIndex); err != nil {
 			s.log.Warn("disconnect kernel device", "device", s.cfg.Device, "err", err)
 		}
-		s.devIndex = -1
 	}
+	s.devIndex = -1
 	s.closeListeners()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for _, srv := range s.servers {
-		if err := srv.Shutdown(ctx); err != nil {
+		shutdown := srv.Shutdown
+		if keep {
+			shutdown = srv.Handover // the kernel resends what we leave unanswered
+		}
+		if err := shutdown(ctx); err != nil {
 			s.log.Warn("shutdown", "err", err)
 		}
 	}

@@ -134,3 +134,36 @@ func TestShutdownDisconnectsKernelOnce(t *testing.T) {
 		t.Fatalf("disconnect calls %v, want one of device 3", calls)
 	}
 }
+
+// TestKeepDeviceLeavesKernelConnected: after KeepDevice, Shutdown still closes the volume
+// but never disconnects the kernel device, which the next attach re-plugs.
+func TestKeepDeviceLeavesKernelConnected(t *testing.T) {
+	// Not parallel: it replaces the package's disconnect function.
+	var calls []int
+	old := disconnect
+	disconnect = func(i int) error { calls = append(calls, i); return nil }
+	defer func() { disconnect = old }()
+
+	path, _, mk := testVolume(t, t.TempDir(), 8<<20, sector.Default)
+	defer mk.Wipe()
+	p, err := provider.Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	srv, err := Start(&Config{Name: "k", Provider: path, Socket: filepath.Join(shortDir(t), "k.sock")}, p, copyKey(t, mk), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.devIndex = 3
+	srv.KeepDevice()
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 0 {
+		t.Fatalf("disconnect calls %v after KeepDevice, want none", calls)
+	}
+	if !srv.closed {
+		t.Fatal("Shutdown after KeepDevice did not close the volume")
+	}
+}

@@ -1,0 +1,307 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	_ "embed"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/elidisk/eli/integration/vm"
+	"github.com/elidisk/eli/internal/testtool"
+)
+
+//go:embed vm/guest.sh
+var guestScript []byte
+
+// vmKernel finds the kernel scripts/test caches: ELI_VM_DIR (default /var/cache/eli-vm)
+// holds linux-VERSION/{vmlinuz,kernel/...}; the newest version wins.
+func vmKernel(t *testing.T) (vmlinuz, modRoot string) {
+	dir := os.Getenv("ELI_VM_DIR")
+	if dir == "" {
+		dir = "/var/cache/eli-vm"
+	}
+	found, _ := filepath.Glob(filepath.Join(dir, "linux-*", "vmlinuz"))
+	if len(found) == 0 {
+		testtool.Missing(t, "a Debian 6.1 kernel in "+dir+" (scripts/test fetches it)")
+	}
+	sort.Strings(found)
+	k := filepath.Dir(found[len(found)-1])
+	return filepath.Join(k, "vmlinuz"), filepath.Join(k, "kernel")
+}
+
+// TestVMKernelDevice boots Debian's 6.1 kernel under qemu (TCG) with eli in the
+// initramfs, and checks what only a real /dev/nbdN shows: the block size the kernel
+// uses, a filesystem on it, O_DIRECT, detach refused while the device is in use, fstrim
+// reaching eli, a server killed with -9 while a file is written and replaced by a new
+// 'eli attach' without the filesystem noticing, and the same for a planned restart
+// ('detach --keep-device'). The guest (vm/guest.sh) reports; this
+// test judges.
+func TestVMKernelDevice(t *testing.T) {
+	qemu := testtool.Need(t, "qemu-system-x86_64", "qemu-system-x86")
+	busybox := testtool.Need(t, "busybox", "busybox-static")
+	mkfs := testtool.Need(t, "mkfs.ext4", "e2fsprogs")
+	fsck := testtool.Need(t, "e2fsck", "e2fsprogs")
+	vmlinuz, modRoot := vmKernel(t)
+	dir := t.TempDir()
+
+	var rd vm.Initramfs
+	rd.File("init", guestScript, 0o755)
+	if err := rd.CopyFile("bin/busybox", busybox); err != nil {
+		t.Fatal(err)
+	}
+	for _, applet := range []string{"sh", "mount", "insmod", "cat", "mkdir"} {
+		rd.Symlink("bin/"+applet, "busybox")
+	}
+	rd.Dir("proc")
+	rd.Dir("sys")
+	rd.Dir("dev")
+	// eli must run without the host's libc.
+	eli := filepath.Join(dir, "eli")
+	build := exec.Command("go", "build", "-o", eli, "../cmd/eli")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build eli: %v\n%s", err, out)
+	}
+	if err := rd.CopyFile("bin/eli", eli); err != nil {
+		t.Fatal(err)
+	}
+	resize2fs := testtool.Need(t, "resize2fs", "e2fsprogs")
+	for name, src := range map[string]string{"sbin/mkfs.ext4": mkfs, "sbin/e2fsck": fsck, "sbin/resize2fs": resize2fs} {
+		if err := rd.CopyProgram(name, src); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat("/etc/mke2fs.conf"); err == nil {
+		rd.CopyFile("etc/mke2fs.conf", "/etc/mke2fs.conf")
+	}
+	mods, err := vm.Resolve(modRoot, []string{"nbd", "crc32c_generic", "ext4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, m := range mods {
+		rd.CopyFile("lib/eli-modules/"+filepath.Base(m), m)
+		order = append(order, filepath.Base(m))
+	}
+	rd.File("lib/eli-modules/order", []byte(strings.Join(order, "\n")+"\n"), 0o644)
+	t.Logf("modules: %s", strings.Join(order, " "))
+
+	initrd := filepath.Join(dir, "initrd.gz")
+	f, err := os.Create(initrd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rd.WriteTo(f); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A hang guard, not a timing assertion (the guest has its own, shorter one): a boot
+	// and the whole script take about a minute under TCG on an idle machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, qemu,
+		"-accel", "tcg", "-m", "1536", "-smp", "2", "-nographic", "-no-reboot",
+		"-kernel", vmlinuz, "-initrd", initrd,
+		"-append", "console=ttyS0 panic=-1 loglevel=4 rdinit=/init")
+	var console bytes.Buffer
+	cmd.Stdout = &console
+	cmd.Stderr = &console
+	start := time.Now()
+	runErr := cmd.Run()
+	logPath := filepath.Join(dir, "console.log")
+	os.WriteFile(logPath, console.Bytes(), 0o644)
+	t.Logf("VM ran %v", time.Since(start).Round(time.Second))
+	res := parseResults(console.Bytes())
+	if _, ok := res["done"]; !ok || runErr != nil {
+		t.Fatalf("guest did not finish (qemu: %v); console:\n%s", runErr, tail(console.String(), 6000))
+	}
+	if testing.Verbose() {
+		for _, l := range strings.Split(console.String(), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), "ELI-RESULT ") {
+				t.Log(strings.TrimSpace(l))
+			}
+		}
+	}
+	checkVMResults(t, res)
+	if t.Failed() {
+		t.Logf("console:\n%s", tail(console.String(), 6000))
+	}
+}
+
+// parseResults collects the guest's "ELI-RESULT key value..." lines; the kernel may
+// interleave its own messages on the console, so only whole lines count.
+func parseResults(out []byte) map[string][]string {
+	res := map[string][]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := strings.TrimRight(sc.Text(), "\r")
+		rest, ok := strings.CutPrefix(line, "ELI-RESULT ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		res[f[0]] = f[1:]
+	}
+	return res
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func checkVMResults(t *testing.T, res map[string][]string) {
+	t.Helper()
+	get := func(key string) string { return strings.Join(res[key], " ") }
+	num := func(key string, i int) int64 {
+		t.Helper()
+		v := res[key]
+		if len(v) <= i {
+			t.Errorf("%s: no value %d in %q", key, i, v)
+			return -1
+		}
+		n, err := strconv.ParseInt(v[i], 10, 64)
+		if err != nil {
+			t.Errorf("%s: %v", key, err)
+		}
+		return n
+	}
+	want := func(key, v string) {
+		t.Helper()
+		if got := get(key); got != v {
+			t.Errorf("%s = %q, want %q", key, got, v)
+		}
+	}
+	if v, ok := res["insmod_failed"]; ok {
+		t.Errorf("insmod failed: %v", v)
+	}
+	if _, ok := res["watchdog"]; ok {
+		t.Errorf("the guest's watchdog fired: a step hung")
+	}
+	// attach --device, and the geometry the kernel was given.
+	for _, k := range []string{"init_rc", "attach_rc", "raw_direct_write_rc", "mkfs_rc", "mount_rc",
+		"write_a_rc", "write_b_rc", "direct_write_rc", "umount_rc"} {
+		want(k, "0")
+	}
+	ss := get("sector_size")
+	want("logical_block_size", ss)
+	if num("dev_size", 0) != num("eli_size", 0) || num("dev_size", 0) <= 0 {
+		t.Errorf("kernel device size %s, eli serves %s", get("dev_size"), get("eli_size"))
+	}
+	want("max_sectors_kb", "1024") // nbdkernel.MaxSectorsKiB, below max_hw_sectors_kb
+	if num("discard_max_bytes", 0) <= 0 {
+		t.Errorf("discard_max_bytes %s: the kernel would not send TRIM", get("discard_max_bytes"))
+	}
+	want("raw_direct_cmp", "ok")
+	want("fs_direct_cmp", "ok")
+
+	// Detach refused while mounted or held; nothing lost; then one clean disconnect.
+	if get("detach_mounted_rc") == "0" {
+		t.Errorf("detach of a mounted device succeeded")
+	}
+	if m := get("detach_mounted_msg"); !strings.Contains(m, "mounted") {
+		t.Errorf("detach of a mounted device said %q, want it to say it is mounted", m)
+	}
+	want("detach_mounted_server", "alive")
+	want("sums_after_refusal", "ok")
+	if get("detach_held_rc") == "0" {
+		t.Errorf("detach of a device held open by a process succeeded")
+	}
+	if m := get("detach_held_msg"); !strings.Contains(m, "sleep") {
+		t.Errorf("detach of a held device said %q, want it to name the process (sleep)", m)
+	}
+	want("detach_rc", "0")
+	want("detach_dev", "unbound")
+	want("detach_kernel_errors", "0")
+
+	want("reattach_rc", "0")
+	want("remount_rc", "0")
+	want("sums_after_reattach", "ok")
+
+	want("fstrim_rc", "0")
+	if b, a := num("trim_blocks", 0), num("trim_blocks", 1); a >= b {
+		t.Errorf("fstrim left the provider's allocation at %d blocks (was %d): TRIM did not reach eli", a, b)
+	}
+
+	// Crash and re-plug.
+	want("crash_reattach_rc", "0")
+	want("writer_rc", "0")
+	want("writer_at", "95")
+	want("crash_cmp_cached", "ok")
+	// After the remount the file is read from eli. Every piece whose fsync completed
+	// before the kill (up to replug_at), and every piece written after the re-plug, must
+	// be intact. The piece whose fsync was in flight at the kill may be lost: the kernel
+	// resends requests the dead server never answered, the FLUSH among them, but not
+	// writes it had acknowledged and not yet committed; that fsync then returns success
+	// for data that is gone (see README, "A server crash").
+	if num("crash_log_size", 0) != 96*65536 {
+		t.Errorf("crash file is %s bytes, want %d", get("crash_log_size"), 96*65536)
+	}
+	inFlight := strconv.FormatInt(num("replug_at", 0)+1, 10)
+	for _, p := range res["crash_diff_pieces"] {
+		if p != inFlight {
+			t.Errorf("piece %s of the crash file differs; only piece %s (in flight at the kill) may", p, inFlight)
+		}
+	}
+	if get("crash_cmp") != "ok" {
+		t.Logf("piece %s, whose fsync was in flight at the kill, was lost (acknowledged by the dead server, not committed)", inFlight)
+	}
+	want("crash_old_files_ok", "2") // b and direct (a was removed for fstrim)
+	want("crash_kernel_errors", "0")
+	if num("crash_reconnected", 0) < 1 {
+		t.Errorf("the kernel logged no reconnected socket")
+	}
+
+	// Restart without unmounting.
+	want("keep_detach_rc", "0")
+	want("keep_dev", "bound")
+	want("keep_attach_rc", "0")
+	want("keep_writer_rc", "0")
+	want("keep_cmp", "ok")
+	want("keep_crash_file", "ok")
+	want("keep_kernel_errors", "0")
+	if num("keep_reconnected", 0) < 1 {
+		t.Errorf("the kernel logged no reconnected socket after the restart")
+	}
+
+	// Resizing an attached volume is refused, and the device keeps its size; through a
+	// restart (detach --keep-device, resize, attach) the mounted device grows.
+	if get("resize_rc") == "0" || !strings.Contains(get("resize_msg"), "attached") {
+		t.Errorf("resize of an attached volume: rc %s, %q; want a refusal naming it attached", get("resize_rc"), get("resize_msg"))
+	}
+	if v := res["resize_dev_size"]; len(v) != 2 || v[0] != v[1] {
+		t.Errorf("device size changed across a refused resize: %v", v)
+	}
+	for _, k := range []string{"grow_keep_rc", "grow_resize_rc", "grow_attach_rc", "grow_resize2fs_rc", "grow_write_rc"} {
+		want(k, "0")
+	}
+	if before, after := num("grow_dev_size", 0), num("grow_dev_size", 1); after <= before || after != num("grow_eli_size", 0) {
+		t.Errorf("device size %d -> %d across the grow, eli serves %s", before, after, get("grow_eli_size"))
+	}
+	if before, after := num("grow_fs_kb", 0), num("grow_fs_kb", 1); after <= before {
+		t.Errorf("filesystem size %d KiB -> %d KiB after resize2fs", before, after)
+	}
+	want("grow_old_files_ok", "2")
+
+	want("final_detach_rc", "0")
+	want("fsck_rc", "0")
+	want("force_detach_rc", "0")
+	want("force_dev", "disconnected")
+	want("force_server", "gone")
+}
