@@ -32,6 +32,8 @@ type Config struct {
 	ReadOnly    bool   `json:"readonly,omitempty"`
 	Device      string `json:"device,omitempty"`
 	Connections int    `json:"connections,omitempty"`
+	// WriteThrough: see Options.WriteThrough (attach --device sets it unless --write-back).
+	WriteThrough bool `json:"write_through,omitempty"`
 	CacheBytes  int64  `json:"cache_bytes,omitempty"`
 	LogFile     string `json:"log_file,omitempty"`
 
@@ -45,7 +47,7 @@ type Config struct {
 
 // Options are the Open options cfg asks for.
 func (cfg *Config) Options(log *slog.Logger) Options {
-	o := Options{ReadOnly: cfg.ReadOnly, CacheBytes: cfg.CacheBytes, Logger: log}
+	o := Options{ReadOnly: cfg.ReadOnly, CacheBytes: cfg.CacheBytes, Logger: log, WriteThrough: cfg.WriteThrough}
 	if cfg.Onetime {
 		o.Onetime = &Onetime{Mode: cfg.Mode, SectorSize: cfg.SectorSize}
 	}

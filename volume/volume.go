@@ -25,6 +25,15 @@ type Options struct {
 	// Onetime, when set, formats the provider as a header-less volume of this mode and
 	// sector size instead of reading its header: whatever it held is lost.
 	Onetime *Onetime
+	// WriteThrough commits every write before acknowledging it (as if each came with
+	// FUA), so that a server killed at any instant has lost no write it acknowledged.
+	// The kernel's NBD driver needs it to survive a server crash: when a new server
+	// re-plugs the device, the kernel re-sends the requests left unanswered, an
+	// interrupted FLUSH among them, but not the writes the dead server had acknowledged
+	// and held in its batch; without write-through that FLUSH would succeed over lost
+	// data. Length-preserving modes write before they acknowledge anyway, so it changes
+	// nothing for them.
+	WriteThrough bool
 }
 
 // Onetime is the geometry of a header-less volume (eli onetime).
@@ -41,6 +50,7 @@ type Volume struct {
 	codec sector.Codec
 	mode  sector.Mode
 	ro    bool
+	fua   blockdev.Flags // FUA under write-through in the batching (authenticated) modes
 
 	reads, writes, zeroes, trims, flushes, caches atomic.Uint64
 	bytesRead, bytesWritten                       atomic.Uint64
@@ -102,7 +112,11 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		codec.Wipe()
 		return nil, err
 	}
-	return &Volume{dev: dev, codec: codec, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1)}, nil
+	v := &Volume{dev: dev, codec: codec, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1)}
+	if opts.WriteThrough && mode.Authenticated() {
+		v.fua = blockdev.FUA
+	}
+	return v, nil
 }
 
 // Close commits what is pending, leaves an empty journal, syncs, and wipes the keys. Its
@@ -226,7 +240,7 @@ func (v *Volume) ReadAt(p []byte, off int64) error {
 
 func (v *Volume) WriteAt(p []byte, off int64, f nbd.Flags) error {
 	v.writes.Add(1)
-	err := v.dev.WriteAt(p, off, devFlags(f))
+	err := v.dev.WriteAt(p, off, devFlags(f)|v.fua)
 	if err == nil {
 		v.bytesWritten.Add(uint64(len(p)))
 	}
@@ -235,7 +249,7 @@ func (v *Volume) WriteAt(p []byte, off int64, f nbd.Flags) error {
 
 func (v *Volume) WriteZeroes(off, n int64, f nbd.Flags) error {
 	v.zeroes.Add(1)
-	err := v.dev.WriteZeroes(off, n, devFlags(f))
+	err := v.dev.WriteZeroes(off, n, devFlags(f)|v.fua)
 	if errors.Is(err, blockdev.ErrSlowZero) {
 		return err // the answer a FastZero request asks for, not a failure
 	}
@@ -244,7 +258,7 @@ func (v *Volume) WriteZeroes(off, n int64, f nbd.Flags) error {
 
 func (v *Volume) Trim(off, n int64, f nbd.Flags) error {
 	v.trims.Add(1)
-	return v.note(v.dev.Trim(off, n, devFlags(f)), true)
+	return v.note(v.dev.Trim(off, n, devFlags(f)|v.fua), true)
 }
 
 func (v *Volume) Flush() error {

@@ -263,3 +263,69 @@ func TestVolumeFailsOnProviderError(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteThroughSurvivesKill: with WriteThrough, every acknowledged write is already
+// committed, so a copy of the provider taken at that instant (what a server killed then
+// leaves) opens with every write in it; without it, writes still in the batch are not.
+func TestWriteThroughSurvivesKill(t *testing.T) {
+	t.Parallel()
+	for _, wt := range []bool{true, false} {
+		dir := t.TempDir()
+		path, l, mk := testVolume(t, dir, 16<<20, sector.Default)
+		defer mk.Wipe()
+		p, err := provider.Open(path, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := Open(p, copyKey(t, mk), Options{WriteThrough: wt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := int64(l.SectorSize)
+		want := make([][]byte, 32)
+		for i := range want {
+			want[i] = bytes.Repeat([]byte{byte(i + 1)}, int(s))
+			if err := v.WriteAt(want[i], int64(i)*2*s, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The "killed" server's provider, as it is now.
+		img, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copyPath := filepath.Join(dir, "killed.img")
+		if err := os.WriteFile(copyPath, img, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		v.Close()
+		p.Close()
+
+		p2, err := provider.Open(copyPath, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v2, err := Open(p2, copyKey(t, mk), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost := 0
+		got := make([]byte, s)
+		for i := range want {
+			if err := v2.ReadAt(got, int64(i)*2*s); err != nil {
+				t.Fatalf("write-through %v: sector %d after the kill: %v", wt, 2*i, err)
+			}
+			if !bytes.Equal(got, want[i]) {
+				lost++
+			}
+		}
+		v2.Close()
+		p2.Close()
+		if wt && lost > 0 {
+			t.Errorf("write-through: %d of %d acknowledged writes lost in a kill", lost, len(want))
+		}
+		if !wt {
+			t.Logf("write-back: %d of %d acknowledged writes were still in the batch", lost, len(want))
+		}
+	}
+}

@@ -33,6 +33,7 @@ type attachOptions struct {
 	foreground  bool
 	device      string
 	connections int
+	writeBack   bool
 	slot        int
 	cacheMiB    int
 	creds       credFlags
@@ -52,7 +53,11 @@ ready, leaving a server process behind; the last line it prints is the NBD URI.
   --listen HOST:PORT   also serve over TCP; TLS (--tls-cert, --tls-key, and
                        --tls-client-ca to require client certificates) unless
                        --insecure-tcp says otherwise
-  --device /dev/nbdN   also connect the kernel's NBD driver (needs the nbd module)
+  --device /dev/nbdN   also connect the kernel's NBD driver (needs the nbd module);
+                       writes are committed before they are acknowledged, so that
+                       'eli attach --device' again after a server crash re-plugs
+                       the mounted device with nothing lost (--write-back: faster,
+                       but a crash can lose acknowledged writes)
   --foreground         serve in this process until SIGTERM or SIGINT (systemd,
                        containers); logs go to stderr`,
 		Example: `  eli attach disk.img
@@ -86,6 +91,7 @@ func addServeFlags(cmd *cobra.Command, o *attachOptions) {
 	f.BoolVar(&o.foreground, "foreground", false, "serve in this process until SIGTERM/SIGINT")
 	f.StringVar(&o.device, "device", "", "also connect /dev/nbdN through the kernel's NBD driver")
 	f.IntVar(&o.connections, "connections", 4, "connections the kernel device uses (with --device)")
+	f.BoolVar(&o.writeBack, "write-back", false, "with --device: acknowledge writes before their commit (faster; a server crash can then lose acknowledged writes under a flush the kernel re-sends)")
 	f.IntVar(&o.cacheMiB, "cache", 64, "metadata cache size in MiB")
 }
 
@@ -142,6 +148,12 @@ func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Con
 		TLSCert: absOrEmpty(o.tlsCert), TLSKey: absOrEmpty(o.tlsKey), TLSClientCA: absOrEmpty(o.tlsClientCA),
 		InsecureTCP: o.insecureTCP, ReadOnly: o.readOnly, Device: o.device, Connections: o.connections,
 		CacheBytes: int64(o.cacheMiB) << 20,
+		// The kernel device re-plugs after a server crash (attach --device again): only
+		// writes committed before they were acknowledged survive that.
+		WriteThrough: o.device != "" && !o.writeBack,
+	}
+	if o.writeBack && o.device == "" {
+		return nil, usagef("--write-back goes with --device (other clients get write-back anyway)")
 	}
 	return cfg, nil
 }
