@@ -33,9 +33,9 @@ type Config struct {
 	Device      string `json:"device,omitempty"`
 	Connections int    `json:"connections,omitempty"`
 	// WriteThrough: see Options.WriteThrough (attach --device sets it unless --write-back).
-	WriteThrough bool `json:"write_through,omitempty"`
-	CacheBytes  int64  `json:"cache_bytes,omitempty"`
-	LogFile     string `json:"log_file,omitempty"`
+	WriteThrough bool   `json:"write_through,omitempty"`
+	CacheBytes   int64  `json:"cache_bytes,omitempty"`
+	LogFile      string `json:"log_file,omitempty"`
 
 	// Onetime volumes have no header: the mode and sector size come from here, and the
 	// provider is formatted by the server before it is served.
