@@ -117,6 +117,11 @@ func play(t *testing.T, s *Server, input []byte) []byte {
 			t.Fatalf("%s budget not returned: slots %d/%d bytes %d/%d queue %d", name, slots, wantSlots, b, wantBytes, q)
 		}
 	}
+	s.global.mu.Lock()
+	if c.res.slots != reserveSlots || c.res.bytes != reserveBytes {
+		t.Fatalf("reserve not returned: slots %d bytes %d", c.res.slots, c.res.bytes)
+	}
+	s.global.mu.Unlock()
 	// No request may cost more than an export's size in buffers, the handshake at most its
 	// option buffer and replies.
 	requests := uint64(len(input)/nbdproto.RequestHeaderLen + 1)
@@ -151,6 +156,10 @@ func checkHandshakeOutput(t *testing.T, out []byte) []byte {
 		case nbdproto.RepAck:
 			if n != 0 {
 				t.Fatalf("ACK with %d bytes", n)
+			}
+		case nbdproto.RepMetaContext:
+			if n < 4 || string(data[4:]) != nbdproto.MetaBaseAllocation {
+				t.Fatalf("malformed NBD_REP_META_CONTEXT % x", data)
 			}
 		case nbdproto.RepServer:
 			if n < 4 || binary.BigEndian.Uint32(data) > n-4 {

@@ -206,7 +206,7 @@ func TestInvalidExports(t *testing.T) {
 		{"min block not power of two", []Export{{Backend: m, MinBlock: 384}}},
 		{"min block too big", []Export{{Backend: m, MinBlock: 128 << 10}}},
 		{"preferred below 512", []Export{{Backend: m, PreferredBlock: 256}}},
-		{"max above 32 MiB", []Export{{Backend: m, MaxBlock: 64 << 20}}},
+		{"max above MaxRequest", []Export{{Backend: m, MaxBlock: MaxRequest * 2}}},
 		{"max not multiple of min", []Export{{Backend: m, MinBlock: 4096, MaxBlock: 6000}}},
 		{"size not multiple of min", []Export{{Backend: newMem(1000), MinBlock: 512}}},
 	}
