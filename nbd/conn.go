@@ -118,11 +118,6 @@ func (c *conn) serve() {
 		c.log.Log(context.Background(), level, "nbd: connection closed in handshake", "reason", err.Error(), "duration", time.Since(c.start).Round(time.Millisecond))
 		return
 	}
-	if !c.s.enterTransmission(c) {
-		c.rw.Close()
-		c.log.Info("nbd: connection closed in handshake", "reason", "server shutting down")
-		return
-	}
 	reason, level := c.transmit()
 	attrs := []any{"export", c.exp.Name, "reason", reason,
 		"requests", c.requests.Load(), "errors", c.failed.Load(),
@@ -145,7 +140,7 @@ const shutdownDrain = 250 * time.Millisecond
 func (c *conn) stop() {
 	c.dlMu.Lock()
 	c.stopping.Store(true)
-	c.stopAt = time.Now().Add(shutdownDrain)
+	c.stopAt = time.Now().Add(orDefault(c.s.drainTime, shutdownDrain))
 	c.nc.SetReadDeadline(c.stopAt)
 	c.dlMu.Unlock()
 	c.closeDone()

@@ -188,6 +188,9 @@ func (c *conn) exportName(name []byte, noZeroes bool) error {
 		// NBD_OPT_EXPORT_NAME cannot fail with a reply: the session ends.
 		return protoErrorf("NBD_OPT_EXPORT_NAME for unknown export %q", wireMessage(string(name)))
 	}
+	if !c.s.enterTransmission(c) {
+		return errors.New("NBD_OPT_EXPORT_NAME while the server is shutting down")
+	}
 	c.exp = x
 	c.checkMetaExport()
 	b := make([]byte, 10, 10+nbdproto.ExportNameReplyZeroes)
@@ -259,6 +262,9 @@ func (c *conn) infoGo(opt uint32, data []byte) (bool, error) {
 		if err := c.optReply(opt, nbdproto.RepInfo, infoString(nbdproto.InfoDescription, x.Description)); err != nil {
 			return false, err
 		}
+	}
+	if opt == nbdproto.OptGo && !c.s.enterTransmission(c) {
+		return false, c.optError(opt, nbdproto.RepErrShutdown, "the server is shutting down")
 	}
 	if err := c.optReply(opt, nbdproto.RepAck, nil); err != nil {
 		return false, err

@@ -92,8 +92,9 @@ type Server struct {
 	// may take to send the payload of a WRITE after its header, and to take in a reply.
 	IOTimeout time.Duration
 
-	// minRate overrides minTransferRate, for tests.
-	minRate int64
+	// minRate overrides minTransferRate, and drainTime shutdownDrain, for tests.
+	minRate   int64
+	drainTime time.Duration
 
 	initOnce sync.Once
 	initErr  error
@@ -286,7 +287,9 @@ func (s *Server) closing() bool {
 	return s.shutdown
 }
 
-// enterTransmission moves c out of the handshake unless the server is shutting down.
+// enterTransmission moves c out of the handshake unless the server is shutting down. It
+// runs before the reply that ends the handshake is sent, so that a client that has its
+// export is never taken for an idle handshake to evict.
 func (s *Server) enterTransmission(c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -101,7 +101,13 @@ func TestShutdownTimeout(t *testing.T) {
 	t.Parallel()
 	mem := newMem(1 << 20)
 	block := make(chan struct{})
-	t.Cleanup(func() { close(block) })
+	var srv *Server
+	t.Cleanup(func() {
+		close(block)
+		// The connection logs its end once the read returns: let it, before the
+		// test ends.
+		srv.active.Wait()
+	})
 	started := make(chan struct{})
 	mem.hook = func(name string, off, n int64, f Flags) error {
 		if name == "read" {
@@ -110,7 +116,7 @@ func TestShutdownTimeout(t *testing.T) {
 		}
 		return nil
 	}
-	srv := oneExportServer(mem, nil)
+	srv = oneExportServer(mem, nil)
 	srv.Logger = testLogger(t)
 	l, err := ListenUnix(filepath.Join(shortTempDir(t), "s"))
 	if err != nil {
