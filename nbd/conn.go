@@ -102,6 +102,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c.out.w = nc
 	c.out.dl = nc
 	c.out.deadline = s.transferDeadline
+	c.out.slack = orDefault(s.IOTimeout, DefaultIOTimeout) / 2
 	return c
 }
 

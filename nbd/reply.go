@@ -18,12 +18,16 @@ import (
 //
 // Every write has a deadline (the server's transfer deadline for its size): a client that
 // stops reading its replies cannot hold the budget of the requests it is owed forever.
-// The first failed write ends the connection.
+// The first failed write ends the connection. Moving the deadline costs more than a small
+// write, so it moves only when less than slack of it would remain: a write then has
+// between slack and 2×slack plus its size allowance.
 type replyWriter struct {
 	mu       sync.Mutex
 	w        io.Writer
 	dl       interface{ SetWriteDeadline(time.Time) error }
 	deadline func(n int64) time.Time
+	slack    time.Duration
+	until    time.Time // the deadline set now
 	pending  []byte
 	vec      [2][]byte
 	waiting  atomic.Int32
@@ -68,8 +72,12 @@ func (o *replyWriter) send(hdr, data []byte) error {
 }
 
 func (o *replyWriter) setDeadline(n int) {
-	if o.dl != nil {
-		o.dl.SetWriteDeadline(o.deadline(int64(n)))
+	if o.dl == nil {
+		return
+	}
+	if d := o.deadline(int64(n)); o.until.Before(d.Add(-o.slack)) {
+		o.until = d
+		o.dl.SetWriteDeadline(d)
 	}
 }
 

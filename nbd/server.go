@@ -89,7 +89,9 @@ type Server struct {
 	// handshake included.
 	HandshakeTimeout time.Duration
 	// IOTimeout bounds, on top of the time its size needs at 1 MiB/s, how long a client
-	// may take to send the payload of a WRITE after its header, and to take in a reply.
+	// may take to send the payload of a WRITE after its header, and to take in a reply
+	// (for a reply, the deadline is refreshed only when less than half of IOTimeout is
+	// left, so a reply gets between IOTimeout/2 and IOTimeout).
 	IOTimeout time.Duration
 
 	// minRate overrides minTransferRate, and drainTime shutdownDrain, for tests.
