@@ -241,8 +241,11 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			continue
 		}
 		var held int64
-		if r.typ == nbdproto.CmdRead || r.typ == nbdproto.CmdWrite {
+		switch r.typ {
+		case nbdproto.CmdRead, nbdproto.CmdWrite:
 			held = int64(r.length) // at most MaxRequest: check bounds it by the export's maximum
+		case nbdproto.CmdBlockStatus:
+			held = maxStatusReply // the reply it may build
 		}
 		acquired, fromReserve := false, false
 		if !c.stopping.Load() {
@@ -269,7 +272,7 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 		*req = r
 		req.held = held
 		req.fromReserve = fromReserve
-		if held > 0 {
+		if held > 0 && r.typ != nbdproto.CmdBlockStatus {
 			req.buf = getBuf(int(held))
 		}
 		if r.typ == nbdproto.CmdWrite && held > 0 {

@@ -116,6 +116,9 @@ func (c *conn) writeZeroes(off, n int64, flags uint16) error {
 // the client asks again from where the reply ends.
 const maxExtents = 4096
 
+// maxStatusReply is the most a BLOCK_STATUS reply can take, counted against the budgets.
+const maxStatusReply = maxChunkHeader + 8 + 16*maxExtents
+
 // extents asks the backend for the status of [off, off+n) and checks its answer: the
 // extents must be contiguous from off and cover at least one byte. What reaches past n is
 // cut; with reqOne only the first extent is kept. A backend without BlockStatuser has the
