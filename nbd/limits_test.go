@@ -225,3 +225,69 @@ func TestMaxConnsPerSource(t *testing.T) {
 		return err == nil
 	})
 }
+
+// TestEvictionPrefersBusiestSource: over TCP, when the handshakes are full, the
+// connection evicted for a newcomer is the oldest of the address with the most
+// handshakes open, never the lone handshake of another address.
+func TestEvictionPrefersBusiestSource(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := oneExportServer(newMem(1<<20), nil)
+	srv.AllowInsecureTCP = true
+	srv.MaxHandshakes = 4
+	srv.Logger = testLogger(t)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		<-served
+	})
+	dialFrom := func(ip string) *rawClient {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatalf("cannot dial from %s: %v", ip, err)
+		}
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		t.Cleanup(func() { c.Close() })
+		rc := &rawClient{c: c, readLens: map[uint64]uint32{}}
+		if _, err := rc.greet(nbdproto.FlagCFixedNewstyle); err != nil {
+			t.Fatal(err)
+		}
+		return rc
+	}
+	handshakes := func(n int) func() bool {
+		return func() bool {
+			srv.mu.Lock()
+			defer srv.mu.Unlock()
+			return len(srv.conns) == n
+		}
+	}
+	// The slow but honest client comes first, so it is the oldest of all.
+	honest := dialFrom("127.0.0.2")
+	var flood []*rawClient
+	for range 3 {
+		flood = append(flood, dialFrom("127.0.0.1"))
+	}
+	waitFor(t, "four handshakes are open", handshakes(4))
+	// Three more from the flooding address each evict one of its own.
+	for range 3 {
+		flood = append(flood, dialFrom("127.0.0.1"))
+	}
+	for _, rc := range flood[:3] {
+		rc.expectClosed(t)
+	}
+	// The honest client, the oldest of all, finishes its handshake and is served.
+	honest.sendOpt(nbdproto.OptGo, goData(""))
+	if _, err := honest.readOptReplies(); err != nil {
+		t.Fatalf("the honest client was evicted: %v", err)
+	}
+	if r := honest.roundTrip(t, nbdproto.CmdRead, 0, 0, 4096, nil); r.err != 0 {
+		t.Fatalf("read: %+v", r)
+	}
+}
