@@ -78,7 +78,7 @@ func TestOversizedWriteIsRefused(t *testing.T) {
 }
 
 // TestLargeCache: NBD_CMD_CACHE is bound by the export's size, not the maximum block size:
-// it holds no buffer.
+// it holds no buffer. Raw, then with libnbd.
 func TestLargeCache(t *testing.T) {
 	t.Parallel()
 	mem := newMem(128 << 20)
@@ -93,6 +93,28 @@ func TestLargeCache(t *testing.T) {
 	}
 	if r := rc.roundTrip(t, nbdproto.CmdCache, 0, 64<<20, 96<<20, nil); r.err != nbdproto.EInval {
 		t.Fatalf("cache past the end: error %d", r.err)
+	}
+
+	// A real client: libnbd sends the same 96 MiB CACHE.
+	py := testtool.NeedPythonNBD(t)
+	script := filepath.Join(t.TempDir(), "t.py")
+	const src = `import nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+print("can_cache", h.can_cache(), "max", h.get_block_size(nbd.SIZE_MAXIMUM))
+h.cache(96 << 20, 0)
+print("cached")
+h.shutdown()
+`
+	if err := os.WriteFile(script, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := run(t, time.Minute, py, script, uriFor(path, ""))
+	if !strings.Contains(out, "can_cache True max 1048576") || !strings.Contains(out, "cached") {
+		t.Fatalf("script output:\n%s", out)
+	}
+	if got := <-cm.calls; got != [2]int64{0, 96 << 20} {
+		t.Fatalf("libnbd's CACHE reached the backend as %v", got)
 	}
 }
 
