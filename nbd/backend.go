@@ -64,3 +64,20 @@ type Export struct {
 	// completed on every connection, not just the caller's.
 	MultiConn bool
 }
+
+// Extent is one run of a BlockStatuser's answer.
+type Extent struct {
+	Length int64
+	// Hole: the run is not allocated (proto.md NBD_STATE_HOLE). Zero: it reads as
+	// zeroes (NBD_STATE_ZERO).
+	Hole, Zero bool
+}
+
+// BlockStatuser is an optional Backend extension that answers NBD_CMD_BLOCK_STATUS for
+// the "base:allocation" metadata context, so that clients can skip what is unallocated
+// or reads as zeroes. BlockStatus describes [off, off+length): the extents are contiguous
+// from off, cover at least one byte and at most length (the client asks again for the
+// rest). A backend without it has the whole range reported as allocated data.
+type BlockStatuser interface {
+	BlockStatus(off, length int64) ([]Extent, error)
+}

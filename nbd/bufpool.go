@@ -9,7 +9,7 @@ import (
 // that the hot path (a read or write of the same size over and over) allocates nothing.
 const (
 	minClassShift = 12
-	maxClassShift = 25 // MaxRequest
+	maxClassShift = 26 // MaxRequest
 	numClasses    = maxClassShift - minClassShift + 1
 )
 

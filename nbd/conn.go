@@ -24,25 +24,35 @@ const socketBuffer = 4 << 20
 
 // conn is one client connection, from the greeting to the close.
 type conn struct {
-	s     *Server
-	nc    net.Conn // as accepted
-	rw    net.Conn // nc, or the TLS session over it after NBD_OPT_STARTTLS
-	log   *slog.Logger
-	start time.Time
+	s      *Server
+	nc     net.Conn // as accepted
+	rw     net.Conn // nc, or the TLS session over it after NBD_OPT_STARTTLS
+	log    *slog.Logger
+	start  time.Time
+	remote string // for the log
+	source string // the peer's IP address for MaxConnsPerSource; "" on a unix socket
 
 	// Negotiated in the handshake.
+	fixed      bool // the client speaks fixed newstyle
 	tlsUp      bool
 	structured bool
+	extended   bool   // NBD_OPT_EXTENDED_HEADERS: 32-byte requests and replies
+	metaID     uint32 // base:allocation's context ID once selected, else 0
+	metaExport string // the export NBD_OPT_SET_META_CONTEXT named
 	exp        *export
 	optBuf     []byte
 
 	inTransmission bool // guarded by s.mu
+	evicted        bool // guarded by s.mu
 
 	local    *limiter
+	res      *reserve      // this connection's share of s.global
 	done     chan struct{} // closed to make a reader waiting for budget give up
 	doneOnce sync.Once
 	stopping atomic.Bool
 	unread   atomic.Bool // handing over: leave requests not yet started unanswered
+	dlMu     sync.Mutex  // orders read deadline changes against stop
+	stopAt   time.Time   // guarded by dlMu: when a stopping connection stops reading
 	work     chan *request
 	nworkers int
 	workers  sync.WaitGroup
@@ -55,26 +65,32 @@ type conn struct {
 // request is one transmission-phase request; its buf holds the WRITE payload or the READ
 // data and is pooled.
 type request struct {
-	flags, typ uint16
-	handle     uint64
-	off        uint64
-	length     uint32
-	held       int64 // budget bytes taken
-	buf        *[]byte
+	flags, typ  uint16
+	handle      uint64
+	off         uint64
+	length      uint64 // 32 bits on the wire unless extended headers are in use
+	held        int64  // budget bytes taken
+	fromReserve bool   // the budget came from the connection's reserve
+	buf         *[]byte
 }
 
 var requestPool = sync.Pool{New: func() any { return new(request) }}
 
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{
-		s:     s,
-		nc:    nc,
-		rw:    nc,
-		start: time.Now(),
-		done:  make(chan struct{}),
-		local: newLimiter(s.maxInFlightPerConn(), s.maxBytesPerConn()),
+		s:      s,
+		nc:     nc,
+		rw:     nc,
+		start:  time.Now(),
+		done:   make(chan struct{}),
+		local:  newLimiter(s.maxInFlightPerConn(), s.maxBytesPerConn()),
+		res:    newReserve(),
+		remote: remoteName(nc),
 	}
-	c.log = s.log.With("remote", remoteName(nc))
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		c.source = a.IP.String()
+	}
+	c.log = s.log.With("remote", c.remote)
 	if uc, ok := nc.(*net.UnixConn); ok {
 		// The default unix socket buffers (about 200 KiB) hold less than one large
 		// read reply, so every such reply would block the writer part-way and cost a
@@ -85,6 +101,9 @@ func newConn(s *Server, nc net.Conn) *conn {
 		uc.SetReadBuffer(socketBuffer)
 	}
 	c.out.w = nc
+	c.out.dl = nc
+	c.out.deadline = s.transferDeadline
+	c.out.slack = orDefault(s.IOTimeout, DefaultIOTimeout) / 2
 	return c
 }
 
@@ -101,33 +120,42 @@ func (c *conn) serve() {
 		c.log.Log(context.Background(), level, "nbd: connection closed in handshake", "reason", err.Error(), "duration", time.Since(c.start).Round(time.Millisecond))
 		return
 	}
-	if !c.s.enterTransmission(c) {
-		c.rw.Close()
-		c.log.Info("nbd: connection closed in handshake", "reason", "server shutting down")
-		return
-	}
 	reason, level := c.transmit()
 	attrs := []any{"export", c.exp.Name, "reason", reason,
 		"requests", c.requests.Load(), "errors", c.failed.Load(),
 		"duration", time.Since(c.start).Round(time.Millisecond)}
 	if err := c.out.failure(); err != nil {
 		attrs = append(attrs, "write_error", err.Error())
+		level = max(level, slog.LevelWarn)
 	}
 	c.log.Log(context.Background(), level, "nbd: connection closed", attrs...)
 }
 
-// shutdownDrain is how long a stopping connection keeps reading requests the client had
-// already sent, to answer them with ESHUTDOWN instead of closing on them unread (which a
-// client sees as a reset, losing replies it was owed).
+// shutdownDrain is how long a stopping connection keeps reading requests (or options) the
+// client had already sent, to answer them with ESHUTDOWN (NBD_REP_ERR_SHUTDOWN) instead
+// of closing on them unread (which a client sees as a reset, losing replies it was owed).
 const shutdownDrain = 250 * time.Millisecond
 
-// stop asks a connection in transmission to end gracefully: requests in flight finish and
-// are answered, requests still arriving get ESHUTDOWN, and after shutdownDrain the reader
-// stops.
+// stop asks a connection to end gracefully: in transmission, requests in flight finish
+// and are answered, requests still arriving get ESHUTDOWN; in the handshake, options get
+// NBD_REP_ERR_SHUTDOWN. After shutdownDrain the reader stops.
 func (c *conn) stop() {
+	c.dlMu.Lock()
 	c.stopping.Store(true)
+	c.stopAt = time.Now().Add(orDefault(c.s.drainTime, shutdownDrain))
+	c.nc.SetReadDeadline(c.stopAt)
+	c.dlMu.Unlock()
 	c.closeDone()
-	c.rw.SetReadDeadline(time.Now().Add(shutdownDrain))
+}
+
+// setReadDeadline sets the read deadline, but never past a stopping connection's end.
+func (c *conn) setReadDeadline(t time.Time) {
+	c.dlMu.Lock()
+	defer c.dlMu.Unlock()
+	if c.stopping.Load() && (t.IsZero() || t.After(c.stopAt)) {
+		t = c.stopAt
+	}
+	c.nc.SetReadDeadline(t)
 }
 
 // stopUnread asks a connection to end for a handover: requests in flight finish and are
@@ -135,9 +163,12 @@ func (c *conn) stop() {
 // to the server that takes over.
 func (c *conn) stopUnread() {
 	c.unread.Store(true)
+	c.dlMu.Lock()
 	c.stopping.Store(true)
+	c.stopAt = time.Now()
+	c.nc.SetReadDeadline(c.stopAt)
+	c.dlMu.Unlock()
 	c.closeDone()
-	c.rw.SetReadDeadline(time.Now())
 }
 
 // abort ends the connection at once.
@@ -168,10 +199,19 @@ func (c *conn) transmit() (string, slog.Level) {
 	return reason, level
 }
 
+// maxSkip bounds the payload the server reads and throws away to answer a WRITE it
+// refuses (too long, out of range) with an error instead of a disconnect. A longer one
+// ends the connection: it is more likely a desynchronised stream than a request.
+const maxSkip = 256 << 20
+
 func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
-	var h [nbdproto.RequestHeaderLen]byte
+	var h [nbdproto.ExtendedRequestLen]byte
+	hlen, magic := nbdproto.RequestHeaderLen, uint32(nbdproto.MagicRequest)
+	if c.extended {
+		hlen, magic = nbdproto.ExtendedRequestLen, nbdproto.MagicExtendedRequest
+	}
 	for {
-		if _, err := io.ReadFull(br, h[:]); err != nil {
+		if _, err := io.ReadFull(br, h[:hlen]); err != nil {
 			return c.readFailure(err, true)
 		}
 		r := request{
@@ -179,25 +219,35 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			typ:    binary.BigEndian.Uint16(h[6:]),
 			handle: binary.BigEndian.Uint64(h[8:]),
 			off:    binary.BigEndian.Uint64(h[16:]),
-			length: binary.BigEndian.Uint32(h[24:]),
 		}
-		if m := binary.BigEndian.Uint32(h[0:]); m != nbdproto.MagicRequest {
+		if c.extended {
+			r.length = binary.BigEndian.Uint64(h[24:])
+		} else {
+			r.length = uint64(binary.BigEndian.Uint32(h[24:]))
+		}
+		if m := binary.BigEndian.Uint32(h[0:]); m != magic {
 			return fmt.Sprintf("protocol error: bad request magic %#08x", m), slog.LevelWarn
 		}
 		if r.typ == nbdproto.CmdDisc {
 			return "client disconnected", slog.LevelInfo
 		}
 		c.requests.Add(1)
-		if r.typ == nbdproto.CmdWrite && r.length > MaxRequest {
-			// Reading the payload would mean holding it; proto.md lets the server
-			// treat such a length as a denial of service and disconnect.
-			return fmt.Sprintf("protocol error: write of %d bytes exceeds the %d-byte limit", r.length, MaxRequest), slog.LevelWarn
+		// The bytes that follow the header: a WRITE's data, or with extended headers
+		// whatever NBD_CMD_FLAG_PAYLOAD_LEN announces.
+		var payload uint64
+		if r.typ == nbdproto.CmdWrite || (c.extended && r.flags&nbdproto.CmdFlagPayloadLen != 0) {
+			payload = r.length
+		}
+		if payload > maxSkip {
+			// proto.md lets the server treat such a length as a denial of service and
+			// disconnect.
+			return fmt.Sprintf("protocol error: %s with a %d-byte payload exceeds the %d-byte limit", cmdName(r.typ), payload, uint64(maxSkip)), slog.LevelWarn
 		}
 		if code, msg := c.check(&r); code != 0 {
-			if r.typ == nbdproto.CmdWrite {
+			if payload > 0 {
 				// Take the payload off the wire without holding it.
-				if _, err := io.CopyN(io.Discard, br, int64(r.length)); err != nil {
-					return c.readFailure(err, false)
+				if err := c.skipPayload(br, int64(payload)); err != nil {
+					return c.payloadFailure(err, &r)
 				}
 			}
 			c.failed.Add(1)
@@ -205,13 +255,18 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			continue
 		}
 		var held int64
-		if r.typ == nbdproto.CmdRead || r.typ == nbdproto.CmdWrite {
-			held = int64(r.length)
+		switch r.typ {
+		case nbdproto.CmdRead, nbdproto.CmdWrite:
+			held = int64(r.length) // at most MaxRequest: check bounds it by the export's maximum
+		case nbdproto.CmdBlockStatus:
+			held = maxStatusReply // the reply it may build
 		}
-		acquired := false
-		if !c.stopping.Load() && c.local.acquire(held, c.done) {
-			if acquired = c.s.global.acquire(held, c.done); !acquired {
-				c.local.release(held)
+		acquired, fromReserve := false, false
+		if !c.stopping.Load() {
+			if ok, _ := c.local.acquire(held, nil, c.done); ok {
+				if acquired, fromReserve = c.s.global.acquire(held, c.res, c.done); !acquired {
+					c.local.release(held, nil, false)
+				}
 			}
 		}
 		if !acquired && c.unread.Load() {
@@ -221,9 +276,9 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			// The server is stopping (or the connection is being torn down): refuse
 			// what is still arriving, as proto.md asks ("any subsequently received
 			// requests SHOULD be ESHUTDOWN"), rather than drop it unanswered.
-			if r.typ == nbdproto.CmdWrite {
-				if _, err := io.CopyN(io.Discard, br, int64(r.length)); err != nil {
-					return c.readFailure(err, false)
+			if payload > 0 {
+				if err := c.skipPayload(br, int64(payload)); err != nil {
+					return c.payloadFailure(err, &r)
 				}
 			}
 			c.failed.Add(1)
@@ -233,17 +288,49 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 		req := requestPool.Get().(*request)
 		*req = r
 		req.held = held
-		if held > 0 {
+		req.fromReserve = fromReserve
+		if held > 0 && r.typ != nbdproto.CmdBlockStatus {
 			req.buf = getBuf(int(held))
 		}
 		if r.typ == nbdproto.CmdWrite && held > 0 {
-			if _, err := io.ReadFull(br, *req.buf); err != nil {
+			if err := c.readPayload(br, *req.buf); err != nil {
 				c.release(req)
-				return c.readFailure(err, false)
+				return c.payloadFailure(err, &r)
 			}
 		}
 		c.dispatch(req)
 	}
+}
+
+// readPayload reads a WRITE's data, within the transfer deadline: the budget it holds
+// meanwhile must come back even if the client stops sending.
+func (c *conn) readPayload(br *bufio.Reader, p []byte) error {
+	if br.Buffered() >= len(p) {
+		_, err := io.ReadFull(br, p)
+		return err
+	}
+	c.setReadDeadline(c.s.transferDeadline(int64(len(p))))
+	_, err := io.ReadFull(br, p)
+	c.setReadDeadline(time.Time{})
+	return err
+}
+
+func (c *conn) skipPayload(br *bufio.Reader, n int64) error {
+	if int64(br.Buffered()) >= n {
+		_, err := br.Discard(int(n))
+		return err
+	}
+	c.setReadDeadline(c.s.transferDeadline(n))
+	_, err := io.CopyN(io.Discard, br, n)
+	c.setReadDeadline(time.Time{})
+	return err
+}
+
+func (c *conn) payloadFailure(err error, r *request) (string, slog.Level) {
+	if errors.Is(err, os.ErrDeadlineExceeded) && !c.stopping.Load() {
+		return fmt.Sprintf("the client did not send the %d-byte payload of %s in time", r.length, cmdName(r.typ)), slog.LevelWarn
+	}
+	return c.readFailure(err, false)
 }
 
 func (c *conn) readFailure(err error, betweenRequests bool) (string, slog.Level) {
@@ -272,14 +359,23 @@ func (c *conn) check(r *request) (uint32, string) {
 		if c.structured {
 			allowed |= nbdproto.CmdFlagDF
 		}
-	case nbdproto.CmdWrite, nbdproto.CmdTrim:
+	case nbdproto.CmdWrite:
+		write = true
+		if c.extended {
+			// The length of a WRITE is its payload's anyway.
+			allowed |= nbdproto.CmdFlagPayloadLen
+		}
+	case nbdproto.CmdTrim:
 		write = true
 	case nbdproto.CmdWriteZeroes:
 		write = true
 		allowed |= nbdproto.CmdFlagNoHole | nbdproto.CmdFlagFastZero
 	case nbdproto.CmdFlush, nbdproto.CmdCache:
 	case nbdproto.CmdBlockStatus:
-		return nbdproto.EInval, "NBD_CMD_BLOCK_STATUS needs a metadata context; this server offers none"
+		if c.metaID == 0 {
+			return nbdproto.EInval, "NBD_CMD_BLOCK_STATUS needs a metadata context: select base:allocation with NBD_OPT_SET_META_CONTEXT"
+		}
+		allowed |= nbdproto.CmdFlagReqOne
 	default:
 		return nbdproto.EInval, fmt.Sprintf("unknown command %d", r.typ)
 	}
@@ -295,7 +391,7 @@ func (c *conn) check(r *request) (uint32, string) {
 		}
 		return 0, ""
 	}
-	end := r.off + uint64(r.length)
+	end := r.off + r.length
 	if end < r.off || end > uint64(x.size) {
 		code := uint32(nbdproto.EInval)
 		if r.typ == nbdproto.CmdWrite || r.typ == nbdproto.CmdWriteZeroes {
@@ -303,13 +399,17 @@ func (c *conn) check(r *request) (uint32, string) {
 		}
 		return code, fmt.Sprintf("%s of %d bytes at offset %d goes past the end of the export (%d bytes)", cmdName(r.typ), r.length, r.off, x.size)
 	}
-	if m := uint64(x.minBlock); r.off%m != 0 || uint64(r.length)%m != 0 {
+	if m := uint64(x.minBlock); r.off%m != 0 || r.length%m != 0 {
 		return nbdproto.EInval, fmt.Sprintf("%s of %d bytes at offset %d is not aligned to the minimum block size %d", cmdName(r.typ), r.length, r.off, m)
 	}
-	// TRIM and WRITE_ZEROES carry no payload, so their length costs the server nothing
-	// and is not held to the maximum block size.
-	if (r.typ == nbdproto.CmdRead || r.typ == nbdproto.CmdWrite || r.typ == nbdproto.CmdCache) && r.length > x.max {
+	// Only READ and WRITE carry data, and only their length costs the server memory: it
+	// is held to the maximum block size. TRIM, WRITE_ZEROES, CACHE and BLOCK_STATUS are
+	// bound by the export's size alone.
+	if (r.typ == nbdproto.CmdRead || r.typ == nbdproto.CmdWrite) && r.length > uint64(x.max) {
 		return nbdproto.EInval, fmt.Sprintf("%s of %d bytes exceeds the maximum block size %d", cmdName(r.typ), r.length, x.max)
+	}
+	if r.typ == nbdproto.CmdBlockStatus && r.length == 0 {
+		return nbdproto.EInval, "NBD_CMD_BLOCK_STATUS of 0 bytes"
 	}
 	return 0, ""
 }
@@ -365,7 +465,7 @@ func (c *conn) release(req *request) {
 		putBuf(req.buf)
 		req.buf = nil
 	}
-	c.s.global.release(req.held)
-	c.local.release(req.held)
+	c.s.global.release(req.held, c.res, req.fromReserve)
+	c.local.release(req.held, nil, false)
 	requestPool.Put(req)
 }

@@ -4,23 +4,30 @@
 //
 // What it speaks:
 //
-//   - Handshake: fixed newstyle only. NBD_OPT_EXPORT_NAME, NBD_OPT_GO, NBD_OPT_INFO (with
-//     NBD_INFO_EXPORT, NAME, DESCRIPTION and BLOCK_SIZE), NBD_OPT_LIST, NBD_OPT_ABORT,
-//     NBD_OPT_STRUCTURED_REPLY and NBD_OPT_STARTTLS; any other option gets
-//     NBD_REP_ERR_UNSUP and the session goes on. With a TLS config the server is
-//     FORCEDTLS.
-//   - Transmission: READ, WRITE, FLUSH, TRIM, WRITE_ZEROES (NO_HOLE, FAST_ZERO), CACHE and
-//     DISC, with simple or structured replies (a read is one data chunk, or an error chunk
-//     with a message). Requests on a connection run concurrently and are answered out of
-//     order. There is no metadata context (NBD_CMD_BLOCK_STATUS is refused).
+//   - Handshake: fixed newstyle, and plain newstyle for NBD_OPT_EXPORT_NAME.
+//     NBD_OPT_EXPORT_NAME, NBD_OPT_GO, NBD_OPT_INFO (with NBD_INFO_EXPORT, NAME,
+//     DESCRIPTION and BLOCK_SIZE), NBD_OPT_LIST, NBD_OPT_ABORT, NBD_OPT_STRUCTURED_REPLY,
+//     NBD_OPT_EXTENDED_HEADERS, NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT
+//     (the one context is base:allocation) and NBD_OPT_STARTTLS; any other option gets
+//     NBD_REP_ERR_UNSUP and the session goes on, and during Shutdown every option but
+//     ABORT gets NBD_REP_ERR_SHUTDOWN. With a TLS config the server is FORCEDTLS.
+//   - Transmission: READ, WRITE, FLUSH, TRIM, WRITE_ZEROES (NO_HOLE, FAST_ZERO), CACHE,
+//     BLOCK_STATUS (REQ_ONE; from the backend's BlockStatuser, else all data) and DISC,
+//     with simple, structured or extended replies (a read is one data chunk, or an error
+//     chunk with a message). With extended headers, lengths are 64 bits (TRIM,
+//     WRITE_ZEROES, CACHE and BLOCK_STATUS can span the export). Requests on a connection
+//     run concurrently and are answered out of order.
 //
 // Bounds: option data is read into at most 8 KiB (up to 64 KiB is skipped for an option
 // the server refuses, more ends the connection); export names and messages are limited to
-// the protocol's 4096 bytes; a request carries at most MaxRequest (32 MiB) and a WRITE
-// announcing more ends the connection; offsets are checked for overflow and against the
-// export's size and block sizes before the backend sees them. Requests in flight are
-// bounded per connection and per server, in count and in payload bytes (Server's Max*
-// fields), and the handshake by a timeout and a number of options.
+// the protocol's 4096 bytes; READ and WRITE carry at most the export's maximum block size
+// (by default MaxRequest, 64 MiB), and a WRITE announcing more is refused after its
+// payload is skipped, up to 256 MiB (more ends the connection); offsets are checked for
+// overflow and against the export's size and block sizes before the backend sees them.
+// Requests in flight are bounded per connection and per server, in count and in payload
+// bytes (Server's Max* fields); each connection has a small reserve of its own so that
+// no client can stall the others, and payloads and replies have deadlines. Connections,
+// handshakes, connections per address and handshake time are bounded too.
 //
 // Use:
 //

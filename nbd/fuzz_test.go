@@ -117,6 +117,11 @@ func play(t *testing.T, s *Server, input []byte) []byte {
 			t.Fatalf("%s budget not returned: slots %d/%d bytes %d/%d queue %d", name, slots, wantSlots, b, wantBytes, q)
 		}
 	}
+	s.global.mu.Lock()
+	if c.res.slots != reserveSlots || c.res.bytes != reserveBytes {
+		t.Fatalf("reserve not returned: slots %d bytes %d", c.res.slots, c.res.bytes)
+	}
+	s.global.mu.Unlock()
 	// No request may cost more than an export's size in buffers, the handshake at most its
 	// option buffer and replies.
 	requests := uint64(len(input)/nbdproto.RequestHeaderLen + 1)
@@ -151,6 +156,10 @@ func checkHandshakeOutput(t *testing.T, out []byte) []byte {
 		case nbdproto.RepAck:
 			if n != 0 {
 				t.Fatalf("ACK with %d bytes", n)
+			}
+		case nbdproto.RepMetaContext:
+			if n < 4 || string(data[4:]) != nbdproto.MetaBaseAllocation {
+				t.Fatalf("malformed NBD_REP_META_CONTEXT % x", data)
 			}
 		case nbdproto.RepServer:
 			if n < 4 || binary.BigEndian.Uint32(data) > n-4 {
@@ -224,6 +233,10 @@ func checkStructuredStream(t *testing.T, out []byte, handles map[uint64]bool) {
 				if off := binary.BigEndian.Uint64(p); off+uint64(n-8) > fuzzExportSize {
 					t.Fatalf("data chunk [%d, +%d) outside the export", off, n-8)
 				}
+			case nbdproto.ChunkBlockStatus:
+				if n < 12 || (n-4)%8 != 0 || binary.BigEndian.Uint32(p) != baseAllocationID {
+					t.Fatalf("malformed block status chunk % x", p)
+				}
 			case nbdproto.ChunkError, nbdproto.ChunkErrorOffset:
 				min := uint32(6)
 				if typ == nbdproto.ChunkErrorOffset {
@@ -242,6 +255,59 @@ func checkStructuredStream(t *testing.T, out []byte, handles map[uint64]bool) {
 	}
 }
 
+// checkExtendedStream checks a transmission-phase stream after extended headers were
+// negotiated: every reply is an extended chunk, flagged DONE, of a known type with a
+// consistent length.
+func checkExtendedStream(t *testing.T, out []byte, handles map[uint64]bool) {
+	for len(out) > 0 {
+		if len(out) < nbdproto.ExtendedReplyLen {
+			t.Fatalf("%d stray bytes", len(out))
+		}
+		if m := binary.BigEndian.Uint32(out); m != nbdproto.MagicExtendedReply {
+			t.Fatalf("reply magic %#x with extended headers", m)
+		}
+		flags := binary.BigEndian.Uint16(out[4:])
+		typ := binary.BigEndian.Uint16(out[6:])
+		h := binary.BigEndian.Uint64(out[8:])
+		n := binary.BigEndian.Uint64(out[24:])
+		if !handles[h] {
+			t.Fatalf("chunk for handle %d that no request carried", h)
+		}
+		if flags != nbdproto.ReplyFlagDone {
+			t.Fatalf("chunk flags %#x", flags)
+		}
+		if n > uint64(len(out)-nbdproto.ExtendedReplyLen) {
+			t.Fatalf("chunk claims %d bytes, %d follow", n, len(out)-nbdproto.ExtendedReplyLen)
+		}
+		p := out[nbdproto.ExtendedReplyLen : nbdproto.ExtendedReplyLen+n]
+		switch typ {
+		case nbdproto.ChunkNone:
+			if n != 0 {
+				t.Fatalf("NONE chunk of %d bytes", n)
+			}
+		case nbdproto.ChunkOffsetData:
+			if n < 9 || n > 8+MaxRequest || binary.BigEndian.Uint64(p)+(n-8) > fuzzExportSize {
+				t.Fatalf("bad data chunk of %d bytes", n)
+			}
+		case nbdproto.ChunkBlockStatusExt:
+			if n < 24 || binary.BigEndian.Uint32(p) != baseAllocationID || uint64(binary.BigEndian.Uint32(p[4:]))*16+8 != n {
+				t.Fatalf("malformed extended block status % x", p)
+			}
+		case nbdproto.ChunkError, nbdproto.ChunkErrorOffset:
+			min := uint64(6)
+			if typ == nbdproto.ChunkErrorOffset {
+				min = 14
+			}
+			if n < min || binary.BigEndian.Uint32(p) == 0 || uint64(binary.BigEndian.Uint16(p[4:])) != n-min {
+				t.Fatalf("malformed error chunk % x", p)
+			}
+		default:
+			t.Fatalf("unknown chunk type %d", typ)
+		}
+		out = out[nbdproto.ExtendedReplyLen+n:]
+	}
+}
+
 func FuzzHandshake(f *testing.F) {
 	for _, s := range handshakeSeeds() {
 		f.Add(s)
@@ -253,11 +319,22 @@ func FuzzHandshake(f *testing.F) {
 }
 
 // transmissionPrefix is the handshake a transmission input is played after: mode bit 0
-// asks for structured replies, bit 1 picks the read-only export with 512-byte blocks.
+// asks for structured replies, bit 1 picks the read-only export with 512-byte blocks, bit
+// 2 asks for extended headers, bit 3 selects base:allocation.
 func transmissionPrefix(mode byte) []byte {
 	b := binary.BigEndian.AppendUint32(nil, nbdproto.FlagCFixedNewstyle|nbdproto.FlagCNoZeroes)
+	if mode&4 != 0 {
+		b = append(b, optBytes(nbdproto.OptExtendedHeaders, nil)...)
+	}
 	if mode&1 != 0 {
 		b = append(b, optBytes(nbdproto.OptStructuredReply, nil)...)
+	}
+	if mode&8 != 0 {
+		name := ""
+		if mode&2 != 0 {
+			name = "ro"
+		}
+		b = append(b, optBytes(nbdproto.OptSetMetaContext, metaData(name, nbdproto.MetaBaseAllocation))...)
 	}
 	name := ""
 	if mode&2 != 0 {
@@ -274,6 +351,14 @@ func FuzzTransmission(f *testing.F) {
 	f.Fuzz(func(t *testing.T, mode byte, requests []byte) {
 		input := append(transmissionPrefix(mode), requests...)
 		out := checkHandshakeOutput(t, play(t, s, input))
+		if mode&4 != 0 {
+			handles := map[uint64]bool{}
+			for i := 0; i+16 <= len(requests); i++ {
+				handles[binary.BigEndian.Uint64(requests[i+8:])] = true
+			}
+			checkExtendedStream(t, out, handles)
+			return
+		}
 		if mode&1 == 0 {
 			return // simple replies cannot be parsed without the requests
 		}
@@ -308,6 +393,11 @@ func handshakeSeeds() [][]byte {
 		cat(flags, bad),
 		{0, 0, 0, 0},
 		binary.BigEndian.AppendUint32(nil, 0xffffffff),
+		cat(flags, optBytes(nbdproto.OptListMetaContext, metaData("", "base:")), optBytes(nbdproto.OptExtendedHeaders, nil),
+			optBytes(nbdproto.OptStructuredReply, nil), optBytes(nbdproto.OptSetMetaContext, metaData("", nbdproto.MetaBaseAllocation)),
+			optBytes(nbdproto.OptSetMetaContext, metaData("nope", "base:")), optBytes(nbdproto.OptAbort, nil)),
+		cat([]byte{0, 0, 0, 0}, optBytes(nbdproto.OptExportName, []byte("ro"))),
+		cat([]byte{0, 0, 0, 0}, optBytes(nbdproto.OptList, nil)),
 	}
 }
 
@@ -342,6 +432,29 @@ func transmissionSeeds() [][]byte {
 			seq(mode, []byte{0x25, 0x60, 0x95, 0x14}, make([]byte, 24)),
 		)
 	}
+	x := func(typ, flags uint16, h, off, n uint64, p []byte) []byte {
+		b := binary.BigEndian.AppendUint32(nil, nbdproto.MagicExtendedRequest)
+		b = binary.BigEndian.AppendUint16(b, flags)
+		b = binary.BigEndian.AppendUint16(b, typ)
+		b = binary.BigEndian.AppendUint64(b, h)
+		b = binary.BigEndian.AppendUint64(b, off)
+		b = binary.BigEndian.AppendUint64(b, n)
+		return append(b, p...)
+	}
+	for _, mode := range []byte{4 | 8, 4 | 8 | 2, 4} {
+		seeds = append(seeds, seq(mode,
+			x(nbdproto.CmdWrite, 0, 1, 4096, 512, pattern(512, 1)),
+			x(nbdproto.CmdRead, 0, 2, 4096, 512, nil),
+			x(nbdproto.CmdBlockStatus, 0, 3, 0, fuzzExportSize, nil),
+			x(nbdproto.CmdBlockStatus, nbdproto.CmdFlagReqOne, 4, 512, 1<<40, nil),
+			x(nbdproto.CmdFlush, nbdproto.CmdFlagPayloadLen, 5, 0, 8, make([]byte, 8)),
+			x(nbdproto.CmdTrim, 0, 6, 0, 1<<33, nil),
+			x(nbdproto.CmdRead, 0, 7, 0, MaxRequest+1, nil),
+			x(nbdproto.CmdWrite, 0, 8, 0, 1<<62, nil)))
+	}
+	seeds = append(seeds, seq(1|8,
+		r(nbdproto.CmdBlockStatus, 0, 1, 0, fuzzExportSize, nil),
+		r(nbdproto.CmdBlockStatus, nbdproto.CmdFlagReqOne, 2, 4096, 512, nil)))
 	return seeds
 }
 

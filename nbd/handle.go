@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"errors"
+	"fmt"
 	"syscall"
 
 	"github.com/elidisk/eli/nbd/nbdproto"
@@ -53,6 +54,11 @@ func (c *conn) handle(req *request) {
 		if ca, ok := b.(Cacher); ok && n > 0 {
 			err = ca.Cache(off, n)
 		}
+	case nbdproto.CmdBlockStatus:
+		var ext []Extent
+		if ext, err = c.extents(off, n, req.flags&nbdproto.CmdFlagReqOne != 0); err == nil {
+			c.replyBlockStatus(req, ext)
+		}
 	}
 	if err != nil {
 		c.failed.Add(1)
@@ -62,7 +68,7 @@ func (c *conn) handle(req *request) {
 			errOff = oe.Offset
 		}
 		c.replyError(req, nbdError(err), err.Error(), errOff)
-	} else if req.typ != nbdproto.CmdRead {
+	} else if req.typ != nbdproto.CmdRead && req.typ != nbdproto.CmdBlockStatus {
 		c.replyOK(req)
 	}
 	c.release(req)
@@ -104,4 +110,42 @@ func (c *conn) writeZeroes(off, n int64, flags uint16) error {
 		return b.Flush()
 	}
 	return nil
+}
+
+// maxExtents bounds the extents in one BLOCK_STATUS reply (64 KiB with extended headers);
+// the client asks again from where the reply ends.
+const maxExtents = 4096
+
+// maxStatusReply is the most a BLOCK_STATUS reply can take, counted against the budgets.
+const maxStatusReply = maxChunkHeader + 8 + 16*maxExtents
+
+// extents asks the backend for the status of [off, off+n) and checks its answer: the
+// extents must be contiguous from off and cover at least one byte. What reaches past n is
+// cut; with reqOne only the first extent is kept. A backend without BlockStatuser has the
+// whole range reported as data. Extent lengths never exceed n, so with compact headers
+// (n < 4 GiB) they fit the reply's 32 bits.
+func (c *conn) extents(off, n int64, reqOne bool) ([]Extent, error) {
+	bs, ok := c.exp.Backend.(BlockStatuser)
+	if !ok {
+		return []Extent{{Length: n}}, nil
+	}
+	ext, err := bs.BlockStatus(off, n)
+	if err != nil {
+		return nil, err
+	}
+	var total int64
+	for i, e := range ext {
+		if e.Length <= 0 {
+			return nil, fmt.Errorf("backend block status at offset %d: extent %d has length %d: %w", off, i, e.Length, syscall.EIO)
+		}
+		if e.Length >= n-total || i+1 == maxExtents || reqOne {
+			ext[i].Length = min(e.Length, n-total)
+			return ext[:i+1], nil
+		}
+		total += e.Length
+	}
+	if len(ext) == 0 {
+		return nil, fmt.Errorf("backend block status at offset %d: no extents: %w", off, syscall.EIO)
+	}
+	return ext, nil
 }

@@ -30,9 +30,10 @@ var errClientAbort = errors.New("client sent NBD_OPT_ABORT")
 // timeout and maxOptions.
 func (c *conn) handshake() error {
 	deadline := time.Now().Add(c.s.handshakeTimeout())
-	if err := c.nc.SetDeadline(deadline); err != nil {
+	if err := c.nc.SetWriteDeadline(deadline); err != nil {
 		return fmt.Errorf("set handshake deadline: %w", err)
 	}
+	c.setReadDeadline(deadline)
 	var g [18]byte
 	binary.BigEndian.PutUint64(g[0:], nbdproto.MagicNBD)
 	binary.BigEndian.PutUint64(g[8:], nbdproto.MagicOpt)
@@ -50,9 +51,9 @@ func (c *conn) handshake() error {
 		// unknown flag".
 		return protoErrorf("unknown client flags %#x", clientFlags)
 	}
-	if clientFlags&nbdproto.FlagCFixedNewstyle == 0 {
-		return protoErrorf("client does not speak the fixed newstyle handshake")
-	}
+	// A client without NBD_FLAG_C_FIXED_NEWSTYLE speaks plain newstyle: it may only send
+	// NBD_OPT_EXPORT_NAME, and gets no option replies.
+	c.fixed = clientFlags&nbdproto.FlagCFixedNewstyle != 0
 	noZeroes := clientFlags&nbdproto.FlagCNoZeroes != 0
 
 	for n := 0; ; n++ {
@@ -72,6 +73,10 @@ func (c *conn) handshake() error {
 			// proto.md lets a server hard-disconnect a client whose behaviour it deems
 			// a denial of service; no option this server knows comes near this size.
 			return protoErrorf("option %d carries %d bytes of data", opt, length)
+		}
+		if !c.fixed && opt != nbdproto.OptExportName {
+			// Without fixed newstyle there is no way to refuse an option but to close.
+			return protoErrorf("option %d from a client that does not speak fixed newstyle", opt)
 		}
 		if length > maxOptionData {
 			if _, err := io.CopyN(io.Discard, c.rw, int64(length)); err != nil {
@@ -96,7 +101,8 @@ func (c *conn) handshake() error {
 		if err != nil || done {
 			if err == nil {
 				c.optBuf = nil
-				err = c.rw.SetDeadline(time.Time{})
+				c.setReadDeadline(time.Time{})
+				err = c.nc.SetWriteDeadline(time.Time{})
 			}
 			return err
 		}
@@ -105,6 +111,14 @@ func (c *conn) handshake() error {
 
 // option handles one option; done reports that the transmission phase begins.
 func (c *conn) option(opt uint32, data []byte, noZeroes bool) (done bool, err error) {
+	if c.stopping.Load() && opt != nbdproto.OptAbort {
+		// proto.md: a server being shut down SHOULD error further options (other
+		// than NBD_OPT_ABORT) with NBD_REP_ERR_SHUTDOWN.
+		if opt == nbdproto.OptExportName {
+			return false, errors.New("NBD_OPT_EXPORT_NAME while the server is shutting down")
+		}
+		return false, c.optError(opt, nbdproto.RepErrShutdown, "the server is shutting down")
+	}
 	if c.s.TLSConfig != nil && !c.tlsUp && opt != nbdproto.OptStartTLS && opt != nbdproto.OptAbort {
 		// FORCEDTLS (proto.md "FORCEDTLS mode").
 		if opt == nbdproto.OptExportName {
@@ -137,16 +151,35 @@ func (c *conn) option(opt uint32, data []byte, noZeroes bool) (done bool, err er
 	case nbdproto.OptInfo, nbdproto.OptGo:
 		return c.infoGo(opt, data)
 	case nbdproto.OptStructuredReply:
-		if len(data) != 0 {
+		switch {
+		case len(data) != 0:
 			return false, c.optError(opt, nbdproto.RepErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
+		case c.extended:
+			return false, c.optError(opt, nbdproto.RepErrExtHeaderReqd, "extended headers are already in use")
 		}
 		c.structured = true
 		return false, c.optReply(opt, nbdproto.RepAck, nil)
+	case nbdproto.OptExtendedHeaders:
+		switch {
+		case len(data) != 0:
+			return false, c.optError(opt, nbdproto.RepErrInvalid, "NBD_OPT_EXTENDED_HEADERS takes no data")
+		case c.extended:
+			return false, c.optError(opt, nbdproto.RepErrInvalid, "extended headers are already in use")
+		}
+		// Extended headers imply structured replies (proto.md "Extended headers").
+		c.extended, c.structured = true, true
+		return false, c.optReply(opt, nbdproto.RepAck, nil)
+	case nbdproto.OptListMetaContext, nbdproto.OptSetMetaContext:
+		return false, c.metaContext(opt, data)
 	}
 	return false, c.optError(opt, nbdproto.RepErrUnsup, fmt.Sprintf("option %d is not supported", opt))
 }
 
 func (c *conn) exportName(name []byte, noZeroes bool) error {
+	if c.extended {
+		// Its reply has no room to say no; proto.md forbids it with extended headers.
+		return protoErrorf("NBD_OPT_EXPORT_NAME after NBD_OPT_EXTENDED_HEADERS")
+	}
 	if len(name) > maxString {
 		return protoErrorf("export name of %d bytes", len(name))
 	}
@@ -155,7 +188,11 @@ func (c *conn) exportName(name []byte, noZeroes bool) error {
 		// NBD_OPT_EXPORT_NAME cannot fail with a reply: the session ends.
 		return protoErrorf("NBD_OPT_EXPORT_NAME for unknown export %q", wireMessage(string(name)))
 	}
+	if !c.s.enterTransmission(c) {
+		return errors.New("NBD_OPT_EXPORT_NAME while the server is shutting down")
+	}
 	c.exp = x
+	c.checkMetaExport()
 	b := make([]byte, 10, 10+nbdproto.ExportNameReplyZeroes)
 	binary.BigEndian.PutUint64(b[0:], uint64(x.size))
 	binary.BigEndian.PutUint16(b[8:], x.flags(c.structured))
@@ -226,11 +263,15 @@ func (c *conn) infoGo(opt uint32, data []byte) (bool, error) {
 			return false, err
 		}
 	}
+	if opt == nbdproto.OptGo && !c.s.enterTransmission(c) {
+		return false, c.optError(opt, nbdproto.RepErrShutdown, "the server is shutting down")
+	}
 	if err := c.optReply(opt, nbdproto.RepAck, nil); err != nil {
 		return false, err
 	}
 	if opt == nbdproto.OptGo {
 		c.exp = x
+		c.checkMetaExport()
 		return true, nil
 	}
 	return false, nil
@@ -257,15 +298,89 @@ func (c *conn) startTLS(data []byte) error {
 	if err := c.optReply(opt, nbdproto.RepAck, nil); err != nil {
 		return err
 	}
-	tc := tls.Server(c.nc, c.s.TLSConfig)
+	tc := tls.Server(c.nc, c.s.tls)
 	// The connection's handshake deadline still bounds the TLS handshake.
 	if err := tc.HandshakeContext(context.Background()); err != nil {
 		return &protocolError{"TLS handshake failed: " + err.Error()}
 	}
 	c.rw = tc
 	c.tlsUp = true
-	c.structured = false
+	c.structured, c.extended, c.metaID, c.metaExport = false, false, 0, ""
 	return nil
+}
+
+// baseAllocationID is the context ID of base:allocation, the one metadata context.
+const baseAllocationID = 1
+
+// metaContext answers NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT (proto.md
+// "Metadata querying"). The one context is base:allocation; a LIST without queries, or
+// with the query "base:", lists it. The option data is: export name (32-bit length and
+// bytes), number of queries (32 bits), each query (32-bit length and bytes).
+func (c *conn) metaContext(opt uint32, data []byte) error {
+	set := opt == nbdproto.OptSetMetaContext
+	if set {
+		// A new selection replaces the old one, even if it fails.
+		c.metaID, c.metaExport = 0, ""
+		if !c.structured {
+			return c.optError(opt, nbdproto.RepErrInvalid, "NBD_OPT_SET_META_CONTEXT needs structured replies or extended headers first")
+		}
+	}
+	bad := func(what string) error { return c.optError(opt, nbdproto.RepErrInvalid, what) }
+	if len(data) < 8 {
+		return bad("option data too short")
+	}
+	nameLen := binary.BigEndian.Uint32(data)
+	if uint64(nameLen) > uint64(len(data)-8) {
+		return bad("export name length exceeds the option data")
+	}
+	name := string(data[4 : 4+nameLen])
+	rest := data[4+nameLen:]
+	nq := binary.BigEndian.Uint32(rest)
+	rest = rest[4:]
+	var queries []string
+	for range nq {
+		if len(rest) < 4 {
+			return bad("query count exceeds the option data")
+		}
+		ql := binary.BigEndian.Uint32(rest)
+		if uint64(ql) > uint64(len(rest)-4) {
+			return bad("query length exceeds the option data")
+		}
+		queries = append(queries, string(rest[4:4+ql]))
+		rest = rest[4+ql:]
+	}
+	if len(rest) != 0 {
+		return bad("trailing bytes after the queries")
+	}
+	if _, ok := c.s.table.byName[name]; !ok {
+		return c.optError(opt, nbdproto.RepErrUnknown, fmt.Sprintf("no export named %q", wireMessage(name)))
+	}
+	match := !set && len(queries) == 0
+	for _, q := range queries {
+		if q == nbdproto.MetaBaseAllocation || (!set && q == "base:") {
+			match = true
+		}
+	}
+	if match {
+		var id uint32 // LIST replies carry no ID (proto.md: the server SHOULD send 0)
+		if set {
+			id = baseAllocationID
+			c.metaID, c.metaExport = id, name
+		}
+		p := binary.BigEndian.AppendUint32(nil, id)
+		if err := c.optReply(opt, nbdproto.RepMetaContext, append(p, nbdproto.MetaBaseAllocation...)); err != nil {
+			return err
+		}
+	}
+	return c.optReply(opt, nbdproto.RepAck, nil)
+}
+
+// checkMetaExport drops a context selected for another export than the one chosen: its
+// ID means nothing there (proto.md "NBD_OPT_SET_META_CONTEXT").
+func (c *conn) checkMetaExport() {
+	if c.metaID != 0 && c.metaExport != c.exp.Name {
+		c.metaID, c.metaExport = 0, ""
+	}
 }
 
 func (c *conn) optError(opt, typ uint32, msg string) error {

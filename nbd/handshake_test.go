@@ -26,6 +26,8 @@ func TestGreetingAndClientFlags(t *testing.T) {
 	}{
 		{"fixed newstyle", nbdproto.FlagCFixedNewstyle, false},
 		{"fixed newstyle, no zeroes", nbdproto.FlagCFixedNewstyle | nbdproto.FlagCNoZeroes, false},
+		// Plain newstyle allows NBD_OPT_EXPORT_NAME only (TestPlainNewstyle), and an
+		// option the server cannot refuse with a reply ends the session.
 		{"not fixed newstyle", 0, true},
 		{"unknown flag", nbdproto.FlagCFixedNewstyle | 1<<5, true},
 	}
@@ -40,12 +42,12 @@ func TestGreetingAndClientFlags(t *testing.T) {
 			if hs != nbdproto.FlagFixedNewstyle|nbdproto.FlagNoZeroes {
 				t.Errorf("handshake flags %#x, want fixed newstyle and no zeroes", hs)
 			}
+			if err := rc.sendOpt(nbdproto.OptList, nil); err != nil && !tc.closes {
+				t.Fatal(err)
+			}
 			if tc.closes {
 				rc.expectClosed(t)
 				return
-			}
-			if err := rc.sendOpt(nbdproto.OptList, nil); err != nil {
-				t.Fatal(err)
 			}
 			if _, err := rc.readOptReplies(); err != nil {
 				t.Fatal(err)
@@ -73,8 +75,15 @@ func TestOptions(t *testing.T) {
 	}{
 		{"unknown option", 999, []byte("junk"), []uint32{nbdproto.RepErrUnsup}},
 		{"peek export", nbdproto.OptPeekExport, nil, []uint32{nbdproto.RepErrUnsup}},
-		{"set meta context", nbdproto.OptSetMetaContext, []byte{0, 0, 0, 0, 0, 0, 0, 0}, []uint32{nbdproto.RepErrUnsup}},
-		{"extended headers", nbdproto.OptExtendedHeaders, nil, []uint32{nbdproto.RepErrUnsup}},
+		{"set meta context without structured replies", nbdproto.OptSetMetaContext, metaData("", nbdproto.MetaBaseAllocation), []uint32{nbdproto.RepErrInvalid}},
+		{"list meta contexts", nbdproto.OptListMetaContext, metaData(""), []uint32{nbdproto.RepMetaContext, nbdproto.RepAck}},
+		{"list meta contexts base:", nbdproto.OptListMetaContext, metaData("", "base:"), []uint32{nbdproto.RepMetaContext, nbdproto.RepAck}},
+		{"list meta contexts, other namespace", nbdproto.OptListMetaContext, metaData("ro", "qemu:dirty-bitmap:x"), []uint32{nbdproto.RepAck}},
+		{"list meta contexts, unknown export", nbdproto.OptListMetaContext, metaData("nope"), []uint32{nbdproto.RepErrUnknown}},
+		{"list meta contexts, truncated", nbdproto.OptListMetaContext, metaData("", "base:allocation")[:14], []uint32{nbdproto.RepErrInvalid}},
+		{"list meta contexts, trailing bytes", nbdproto.OptListMetaContext, append(metaData(""), 1), []uint32{nbdproto.RepErrInvalid}},
+		{"extended headers", nbdproto.OptExtendedHeaders, nil, []uint32{nbdproto.RepAck}},
+		{"extended headers with data", nbdproto.OptExtendedHeaders, []byte{1}, []uint32{nbdproto.RepErrInvalid}},
 		{"list", nbdproto.OptList, nil, []uint32{nbdproto.RepServer, nbdproto.RepServer, nbdproto.RepAck}},
 		{"list with data", nbdproto.OptList, []byte{1}, []uint32{nbdproto.RepErrInvalid}},
 		{"structured reply", nbdproto.OptStructuredReply, nil, []uint32{nbdproto.RepAck}},
@@ -239,6 +248,52 @@ func TestExportName(t *testing.T) {
 	rc.greet(nbdproto.FlagCFixedNewstyle)
 	rc.sendOpt(nbdproto.OptExportName, []byte("nope"))
 	rc.expectClosed(t)
+}
+
+// TestPlainNewstyle: a client without NBD_FLAG_C_FIXED_NEWSTYLE (flags 0) that sends
+// NBD_OPT_EXPORT_NAME is served, with or without the zeroes after the export info.
+func TestPlainNewstyle(t *testing.T) {
+	t.Parallel()
+	srv := &Server{Exports: []Export{{Name: "disk", Backend: newMem(1 << 20)}}}
+	path := serveUnix(t, srv)
+	for _, flags := range []uint32{0, nbdproto.FlagCNoZeroes} {
+		rc := dialRaw(t, path)
+		if _, err := rc.greet(flags); err != nil {
+			t.Fatal(err)
+		}
+		rc.sendOpt(nbdproto.OptExportName, []byte("disk"))
+		b := make([]byte, 10+nbdproto.ExportNameReplyZeroes)
+		if flags != 0 {
+			b = b[:10]
+		}
+		if _, err := readFull(rc, b); err != nil {
+			t.Fatalf("flags %#x: %v", flags, err)
+		}
+		if size := binary.BigEndian.Uint64(b); size != 1<<20 {
+			t.Fatalf("flags %#x: size %d", flags, size)
+		}
+		data := pattern(4096, 3)
+		if r := rc.roundTrip(t, nbdproto.CmdWrite, 0, 8192, 4096, data); r.err != 0 {
+			t.Fatalf("flags %#x: write: %+v", flags, r)
+		}
+		r := rc.roundTrip(t, nbdproto.CmdRead, 0, 8192, 4096, nil)
+		if r.err != 0 || !r.simple {
+			t.Fatalf("flags %#x: read: %+v", flags, r)
+		}
+		mustEqual(t, "read back", r.data, data)
+	}
+}
+
+// metaData is the option data of NBD_OPT_{LIST,SET}_META_CONTEXT.
+func metaData(export string, queries ...string) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
+	b = append(b, export...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(queries)))
+	for _, q := range queries {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(q)))
+		b = append(b, q...)
+	}
+	return b
 }
 
 func readFull(rc *rawClient, b []byte) (int, error) {

@@ -3,10 +3,17 @@ package nbd
 import "sync"
 
 // limiter bounds what requests in flight may hold: a number of requests and a number of
-// payload bytes. A request takes one slot and its payload size at once, in FIFO order, so a
-// 32 MiB write is not starved by a stream of small ones. The reader goroutine of a
-// connection blocks in acquire, and stops reading the socket: backpressure reaches the
-// client through the transport instead of through memory.
+// payload bytes. The reader goroutine of a connection blocks in acquire, and stops reading
+// the socket: backpressure reaches the client through the transport instead of through
+// memory.
+//
+// The server-wide limiter also keeps a small reserve for each connection (see reserve):
+// a request that fits in its connection's reserve never waits for the shared pool, so
+// connections that fill the shared pool (by sending a WRITE header and no payload, or by
+// not reading their replies) cannot stall the small requests of everyone else. The shared
+// pool is granted in FIFO order, and since a connection reads one request at a time it has
+// at most one waiter in the queue: admission is round robin over connections, and a
+// 64 MiB request is not starved by a stream of small ones.
 type limiter struct {
 	mu    sync.Mutex
 	slots int
@@ -14,39 +21,66 @@ type limiter struct {
 	queue []*waiter
 }
 
-type waiter struct {
+// reserve is one connection's private share of the server-wide limiter; its fields are
+// guarded by that limiter's mu.
+type reserve struct {
+	slots int
 	bytes int64
-	ready chan struct{}
+}
+
+// Each connection in transmission may hold this much outside the shared pool: enough for
+// a few requests of the sizes a kernel or a copying tool sends (a 4 KiB page to 1 MiB).
+// The memory bound of the server is then MaxBytes + MaxConns × reserveBytes.
+const (
+	reserveSlots = 8
+	reserveBytes = 1 << 20
+)
+
+func newReserve() *reserve { return &reserve{slots: reserveSlots, bytes: reserveBytes} }
+
+type waiter struct {
+	bytes       int64
+	res         *reserve
+	fromReserve bool // set before ready closes
+	ready       chan struct{}
 }
 
 func newLimiter(slots int, bytes int64) *limiter {
 	return &limiter{slots: slots, bytes: bytes}
 }
 
-// acquire takes one slot and n bytes, waiting for them unless done closes first; it
-// reports whether it got them. n must not exceed the limiter's total, or it waits forever
-// (the server sizes every limiter to hold at least one MaxRequest).
-func (l *limiter) acquire(n int64, done <-chan struct{}) bool {
+// acquire takes one slot and n bytes, from res when it fits there (res may be nil), else
+// from the shared pool, waiting unless done closes first. It reports whether it got them
+// and whether they came from res; release must be told the same. n must not exceed the
+// limiter's total, or it waits forever (the server sizes every limiter to hold at least
+// one MaxRequest).
+func (l *limiter) acquire(n int64, res *reserve, done <-chan struct{}) (ok, fromReserve bool) {
 	l.mu.Lock()
+	if res != nil && res.slots > 0 && res.bytes >= n {
+		res.slots--
+		res.bytes -= n
+		l.mu.Unlock()
+		return true, true
+	}
 	if len(l.queue) == 0 && l.slots > 0 && l.bytes >= n {
 		l.slots--
 		l.bytes -= n
 		l.mu.Unlock()
-		return true
+		return true, false
 	}
-	w := &waiter{bytes: n, ready: make(chan struct{})}
+	w := &waiter{bytes: n, res: res, ready: make(chan struct{})}
 	l.queue = append(l.queue, w)
 	l.mu.Unlock()
 	select {
 	case <-w.ready:
-		return true
+		return true, w.fromReserve
 	case <-done:
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		select {
 		case <-w.ready:
 			// Granted while we were giving up: hand it back.
-			l.releaseLocked(n)
+			l.releaseLocked(n, res, w.fromReserve)
 		default:
 			for i, q := range l.queue {
 				if q == w {
@@ -54,35 +88,54 @@ func (l *limiter) acquire(n int64, done <-chan struct{}) bool {
 					break
 				}
 			}
-			// The head may have been waiting behind us.
+			// Those behind us may fit now.
 			l.grantLocked()
 		}
-		return false
+		return false, false
 	}
 }
 
-func (l *limiter) release(n int64) {
+func (l *limiter) release(n int64, res *reserve, fromReserve bool) {
 	l.mu.Lock()
-	l.releaseLocked(n)
+	l.releaseLocked(n, res, fromReserve)
 	l.mu.Unlock()
 }
 
-func (l *limiter) releaseLocked(n int64) {
-	l.slots++
-	l.bytes += n
+func (l *limiter) releaseLocked(n int64, res *reserve, fromReserve bool) {
+	if fromReserve {
+		res.slots++
+		res.bytes += n
+	} else {
+		l.slots++
+		l.bytes += n
+	}
 	l.grantLocked()
 }
 
+// grantLocked wakes every waiter that fits in its own reserve, and waiters for the shared
+// pool in FIFO order up to the first that does not fit.
 func (l *limiter) grantLocked() {
-	for len(l.queue) > 0 {
-		w := l.queue[0]
-		if l.slots == 0 || l.bytes < w.bytes {
-			return
-		}
-		l.slots--
-		l.bytes -= w.bytes
-		l.queue[0] = nil
-		l.queue = l.queue[1:]
-		close(w.ready)
+	if len(l.queue) == 0 {
+		return
 	}
+	sharedBlocked := false
+	kept := l.queue[:0]
+	for _, w := range l.queue {
+		switch {
+		case w.res != nil && w.res.slots > 0 && w.res.bytes >= w.bytes:
+			w.res.slots--
+			w.res.bytes -= w.bytes
+			w.fromReserve = true
+			close(w.ready)
+		case !sharedBlocked && l.slots > 0 && l.bytes >= w.bytes:
+			l.slots--
+			l.bytes -= w.bytes
+			close(w.ready)
+		default:
+			sharedBlocked = true
+			kept = append(kept, w)
+		}
+	}
+	clear(l.queue[len(kept):])
+	l.queue = kept
 }

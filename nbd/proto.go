@@ -2,11 +2,12 @@ package nbd
 
 // Limits on what a client may make the server hold.
 const (
-	// MaxRequest is the largest READ or WRITE payload accepted: 32 MiB, the length below
-	// which proto.md ("Block size constraints") says a request SHOULD NOT be deemed a
-	// denial of service. A WRITE announcing more ends the connection, since its payload
-	// cannot be taken in without holding it.
-	MaxRequest = 32 << 20
+	// MaxRequest is the largest READ or WRITE payload accepted, and the default maximum
+	// block size advertised: 64 MiB, twice the length below which proto.md ("Block size
+	// constraints") says a request SHOULD NOT be deemed a denial of service, as nbdkit
+	// accepts. A longer WRITE is refused with an error after its payload is skipped (up
+	// to maxSkip; beyond that the connection ends).
+	MaxRequest = 64 << 20
 	// maxString is the spec's hard limit on a string (export name, message).
 	maxString = 4096
 	// maxOptionData bounds the option data the server reads into memory. NBD_OPT_GO with a

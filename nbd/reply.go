@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/elidisk/eli/nbd/nbdproto"
 )
@@ -14,13 +15,23 @@ import (
 // gathered and written by whichever worker is the last one waiting for the lock, so a
 // burst of completions costs one syscall, yet no reply waits for one that is not ready.
 // Large read data goes out in one writev with the headers gathered before it.
+//
+// Every write has a deadline (the server's transfer deadline for its size): a client that
+// stops reading its replies cannot hold the budget of the requests it is owed forever.
+// The first failed write ends the connection. Moving the deadline costs more than a small
+// write, so it moves only when less than slack of it would remain: a write then has
+// between slack and 2×slack plus its size allowance.
 type replyWriter struct {
-	mu      sync.Mutex
-	w       io.Writer
-	pending []byte
-	vec     [2][]byte
-	waiting atomic.Int32
-	err     error
+	mu       sync.Mutex
+	w        io.Writer
+	dl       interface{ SetWriteDeadline(time.Time) error }
+	deadline func(n int64) time.Time
+	slack    time.Duration
+	until    time.Time // the deadline set now
+	pending  []byte
+	vec      [2][]byte
+	waiting  atomic.Int32
+	err      error
 }
 
 const (
@@ -43,6 +54,7 @@ func (o *replyWriter) send(hdr, data []byte) error {
 	if len(data) > inlineData {
 		o.vec[0], o.vec[1] = o.pending, data
 		bufs := net.Buffers(o.vec[:])
+		o.setDeadline(len(o.pending) + len(data))
 		_, err := bufs.WriteTo(o.w)
 		o.vec[0], o.vec[1] = nil, nil
 		o.pending = o.pending[:0]
@@ -51,11 +63,22 @@ func (o *replyWriter) send(hdr, data []byte) error {
 	}
 	o.pending = append(o.pending, data...)
 	if o.waiting.Load() == 0 || len(o.pending) >= flushAt {
+		o.setDeadline(len(o.pending))
 		_, err := o.w.Write(o.pending)
 		o.pending = o.pending[:0]
 		o.err = err
 	}
 	return o.err
+}
+
+func (o *replyWriter) setDeadline(n int) {
+	if o.dl == nil {
+		return
+	}
+	if d := o.deadline(int64(n)); o.until.Before(d.Add(-o.slack)) {
+		o.until = d
+		o.dl.SetWriteDeadline(d)
+	}
 }
 
 func (o *replyWriter) failure() error {
@@ -78,17 +101,39 @@ func putSimpleHeader(b []byte, code uint32, handle uint64) {
 	binary.BigEndian.PutUint64(b[8:], handle)
 }
 
-func putChunkHeader(b []byte, flags, typ uint16, handle uint64, length uint32) {
+// maxChunkHeader is the larger of the two chunk header sizes.
+const maxChunkHeader = nbdproto.ExtendedReplyLen
+
+// putChunkHeader writes a structured reply chunk header, or with extended headers an
+// extended one (whose offset field is the request's), and returns its length.
+func (c *conn) putChunkHeader(b []byte, flags, typ uint16, r *request, length int) int {
+	if c.extended {
+		binary.BigEndian.PutUint32(b[0:], nbdproto.MagicExtendedReply)
+		binary.BigEndian.PutUint16(b[4:], flags)
+		binary.BigEndian.PutUint16(b[6:], typ)
+		binary.BigEndian.PutUint64(b[8:], r.handle)
+		binary.BigEndian.PutUint64(b[16:], r.off)
+		binary.BigEndian.PutUint64(b[24:], uint64(length))
+		return nbdproto.ExtendedReplyLen
+	}
 	binary.BigEndian.PutUint32(b[0:], nbdproto.MagicStructuredReply)
 	binary.BigEndian.PutUint16(b[4:], flags)
 	binary.BigEndian.PutUint16(b[6:], typ)
-	binary.BigEndian.PutUint64(b[8:], handle)
-	binary.BigEndian.PutUint32(b[16:], length)
+	binary.BigEndian.PutUint64(b[8:], r.handle)
+	binary.BigEndian.PutUint32(b[16:], uint32(length))
+	return nbdproto.StructuredHeaderLen
 }
 
 // replyOK answers a successful request that returns no data. A simple reply is allowed for
-// it even when structured replies were negotiated (proto.md "Simple reply message").
+// it even when structured replies were negotiated (proto.md "Simple reply message"); with
+// extended headers it is a NONE chunk, since simple replies are not allowed then.
 func (c *conn) replyOK(r *request) {
+	if c.extended {
+		var h [maxChunkHeader]byte
+		n := c.putChunkHeader(h[:], nbdproto.ReplyFlagDone, nbdproto.ChunkNone, r, 0)
+		c.sent(c.out.send(h[:n], nil))
+		return
+	}
 	var h [nbdproto.SimpleReplyHeaderLen]byte
 	putSimpleHeader(h[:], 0, r.handle)
 	c.sent(c.out.send(h[:], nil))
@@ -104,16 +149,15 @@ func (c *conn) replyRead(r *request, data []byte) {
 		c.sent(c.out.send(h[:], data))
 		return
 	}
+	var h [maxChunkHeader + 8]byte
 	if len(data) == 0 {
-		var h [nbdproto.StructuredHeaderLen]byte
-		putChunkHeader(h[:], nbdproto.ReplyFlagDone, nbdproto.ChunkNone, r.handle, 0)
-		c.sent(c.out.send(h[:], nil))
+		n := c.putChunkHeader(h[:], nbdproto.ReplyFlagDone, nbdproto.ChunkNone, r, 0)
+		c.sent(c.out.send(h[:n], nil))
 		return
 	}
-	var h [nbdproto.StructuredHeaderLen + 8]byte
-	putChunkHeader(h[:], nbdproto.ReplyFlagDone, nbdproto.ChunkOffsetData, r.handle, uint32(8+len(data)))
-	binary.BigEndian.PutUint64(h[nbdproto.StructuredHeaderLen:], r.off)
-	c.sent(c.out.send(h[:], data))
+	n := c.putChunkHeader(h[:], nbdproto.ReplyFlagDone, nbdproto.ChunkOffsetData, r, 8+len(data))
+	binary.BigEndian.PutUint64(h[n:], r.off)
+	c.sent(c.out.send(h[:n+8], data))
 }
 
 // replyError answers a failed request. With structured replies it is an error chunk with
@@ -134,14 +178,53 @@ func (c *conn) replyError(r *request, code uint32, msg string, errOff int64) {
 		typ = nbdproto.ChunkErrorOffset
 		n += 8
 	}
-	b := make([]byte, nbdproto.StructuredHeaderLen+n)
-	putChunkHeader(b, nbdproto.ReplyFlagDone, typ, r.handle, uint32(n))
-	p := b[nbdproto.StructuredHeaderLen:]
+	b := make([]byte, maxChunkHeader+n)
+	hl := c.putChunkHeader(b, nbdproto.ReplyFlagDone, typ, r, n)
+	b = b[:hl+n]
+	p := b[hl:]
 	binary.BigEndian.PutUint32(p[0:], code)
 	binary.BigEndian.PutUint16(p[4:], uint16(len(msg)))
 	copy(p[6:], msg)
 	if errOff >= 0 {
 		binary.BigEndian.PutUint64(p[6+len(msg):], uint64(errOff))
+	}
+	c.sent(c.out.send(b, nil))
+}
+
+// replyBlockStatus answers NBD_CMD_BLOCK_STATUS with one chunk for the one context there
+// is: NBD_REPLY_TYPE_BLOCK_STATUS (32-bit lengths and flags), or with extended headers
+// NBD_REPLY_TYPE_BLOCK_STATUS_EXT (64-bit), which proto.md requires then.
+func (c *conn) replyBlockStatus(r *request, ext []Extent) {
+	per, head, typ := 8, 4, uint16(nbdproto.ChunkBlockStatus)
+	if c.extended {
+		per, head, typ = 16, 8, nbdproto.ChunkBlockStatusExt
+	}
+	n := head + per*len(ext)
+	b := make([]byte, maxChunkHeader+n)
+	hl := c.putChunkHeader(b, nbdproto.ReplyFlagDone, typ, r, n)
+	b = b[:hl+n]
+	p := b[hl:]
+	binary.BigEndian.PutUint32(p, c.metaID)
+	if c.extended {
+		binary.BigEndian.PutUint32(p[4:], uint32(len(ext)))
+	}
+	p = p[head:]
+	for _, e := range ext {
+		var st uint32
+		if e.Hole {
+			st |= nbdproto.StateHole
+		}
+		if e.Zero {
+			st |= nbdproto.StateZero
+		}
+		if c.extended {
+			binary.BigEndian.PutUint64(p, uint64(e.Length))
+			binary.BigEndian.PutUint64(p[8:], uint64(st))
+		} else {
+			binary.BigEndian.PutUint32(p, uint32(e.Length))
+			binary.BigEndian.PutUint32(p[4:], st)
+		}
+		p = p[per:]
 	}
 	c.sent(c.out.send(b, nil))
 }

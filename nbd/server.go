@@ -15,12 +15,19 @@ import (
 // Defaults for Server's limits.
 const (
 	DefaultMaxConns           = 64
+	DefaultMaxHandshakes      = 16
+	DefaultMaxConnsPerSource  = 16
 	DefaultMaxInFlightPerConn = 64
 	DefaultMaxInFlight        = 256
 	DefaultMaxBytesPerConn    = 64 << 20
 	DefaultMaxBytes           = 256 << 20
-	DefaultHandshakeTimeout   = 30 * time.Second
+	DefaultHandshakeTimeout   = 10 * time.Second
+	DefaultIOTimeout          = 30 * time.Second
 )
+
+// minTransferRate is the slowest a client may send a payload or take in a reply: on top
+// of IOTimeout, a transfer of n bytes is given n / minTransferRate seconds.
+const minTransferRate = 1 << 20
 
 // ErrServerClosed is returned by Serve once Shutdown has been called.
 var ErrServerClosed = errors.New("nbd: server closed")
@@ -35,7 +42,12 @@ var ErrInsecureListener = errors.New("nbd: refusing to serve a network listener 
 // Requests on one connection are processed concurrently and answered out of order. What
 // they may hold is bounded per connection and over the whole server, in requests and in
 // payload bytes; when a bound is reached the server stops reading from that client until
-// replies drain, so a client can cost at most those bounds in memory.
+// replies drain, so a client can cost at most those bounds in memory. No client can stall
+// the others with what it holds: each connection keeps a small reserve of the server's
+// budget for itself (8 requests, 1 MiB), the shared rest is granted round robin over
+// connections, and a client that does not send a payload it announced, or does not read
+// its replies, within IOTimeout plus the time the transfer needs at 1 MiB/s, is
+// disconnected and its budget returned.
 type Server struct {
 	// Exports are the exports offered; names are unique, "" is the default export.
 	Exports []Export
@@ -58,17 +70,38 @@ type Server struct {
 
 	// Limits; zero means the Default* value. Byte limits below MaxRequest are raised to
 	// it, so that any legal request can proceed on its own.
+	//
+	// MaxConns bounds the connections open at once and MaxHandshakes those of them still
+	// in the handshake (not yet proven to be NBD clients, and before TLS not yet
+	// authenticated). When the handshakes are full, a new connection evicts the oldest
+	// handshake of the source address that has the most of them, so idle sockets cannot
+	// lock clients out; when all connections are in transmission and MaxConns is reached,
+	// new ones are refused. MaxConnsPerSource bounds the connections from one IP address
+	// (TCP only: a unix socket's peers are local and already bound by its 0600 mode).
 	MaxConns           int
+	MaxHandshakes      int
+	MaxConnsPerSource  int
 	MaxInFlightPerConn int
 	MaxInFlight        int
 	MaxBytesPerConn    int64
 	MaxBytes           int64
-	// HandshakeTimeout bounds the whole option haggling phase of a connection.
+	// HandshakeTimeout bounds the whole option haggling phase of a connection, TLS
+	// handshake included.
 	HandshakeTimeout time.Duration
+	// IOTimeout bounds, on top of the time its size needs at 1 MiB/s, how long a client
+	// may take to send the payload of a WRITE after its header, and to take in a reply
+	// (for a reply, the deadline is refreshed only when less than half of IOTimeout is
+	// left, so a reply gets between IOTimeout/2 and IOTimeout).
+	IOTimeout time.Duration
+
+	// minRate overrides minTransferRate, and drainTime shutdownDrain, for tests.
+	minRate   int64
+	drainTime time.Duration
 
 	initOnce sync.Once
 	initErr  error
 	table    *exportTable
+	tls      *tls.Config // TLSConfig as served
 	global   *limiter
 	log      *slog.Logger
 
@@ -76,6 +109,8 @@ type Server struct {
 	shutdown  bool
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
+	sources   map[string]int // open connections per source address (TCP)
+	evicting  int            // evicted connections not yet gone
 	active    sync.WaitGroup
 }
 
@@ -86,9 +121,11 @@ func (s *Server) init() error {
 			s.log = slog.New(slog.DiscardHandler)
 		}
 		s.table, s.initErr = newExportTable(s.Exports)
+		s.tls = gnutlsClientAuth(s.TLSConfig)
 		s.global = newLimiter(s.maxInFlight(), s.maxBytes())
 		s.listeners = make(map[net.Listener]struct{})
 		s.conns = make(map[*conn]struct{})
+		s.sources = make(map[string]int)
 	})
 	return s.initErr
 }
@@ -100,7 +137,11 @@ func orDefault[T int | int64 | time.Duration](v, def T) T {
 	return v
 }
 
-func (s *Server) maxConns() int { return orDefault(s.MaxConns, DefaultMaxConns) }
+func (s *Server) maxConns() int      { return orDefault(s.MaxConns, DefaultMaxConns) }
+func (s *Server) maxHandshakes() int { return orDefault(s.MaxHandshakes, DefaultMaxHandshakes) }
+func (s *Server) maxConnsPerSource() int {
+	return orDefault(s.MaxConnsPerSource, DefaultMaxConnsPerSource)
+}
 func (s *Server) maxInFlightPerConn() int {
 	return orDefault(s.MaxInFlightPerConn, DefaultMaxInFlightPerConn)
 }
@@ -111,6 +152,12 @@ func (s *Server) maxBytesPerConn() int64 {
 func (s *Server) maxBytes() int64 { return max(orDefault(s.MaxBytes, DefaultMaxBytes), MaxRequest) }
 func (s *Server) handshakeTimeout() time.Duration {
 	return orDefault(s.HandshakeTimeout, DefaultHandshakeTimeout)
+}
+
+// transferDeadline is when a transfer of n bytes starting now must be done.
+func (s *Server) transferDeadline(n int64) time.Time {
+	rate := orDefault(s.minRate, minTransferRate)
+	return time.Now().Add(orDefault(s.IOTimeout, DefaultIOTimeout) + time.Duration(n)*time.Second/time.Duration(rate))
 }
 
 // Serve accepts connections on l and serves them until Shutdown (then it returns
@@ -161,18 +208,69 @@ func (s *Server) Serve(l net.Listener) error {
 			nc.Close()
 			return ErrServerClosed
 		}
-		if len(s.conns) >= s.maxConns() {
+		c := newConn(s, nc)
+		if reason := s.admitLocked(c); reason != "" {
 			s.mu.Unlock()
-			s.log.Warn("nbd: connection refused, too many connections", "remote", remoteName(nc), "max_conns", s.maxConns())
+			s.log.Warn("nbd: connection refused", "remote", c.remote, "reason", reason)
 			nc.Close()
 			continue
 		}
-		c := newConn(s, nc)
-		s.conns[c] = struct{}{}
-		s.active.Add(1)
 		s.mu.Unlock()
 		go c.serve()
 	}
+}
+
+// admitLocked decides whether c may be served, making room if need be, and registers it;
+// it returns why not otherwise.
+func (s *Server) admitLocked(c *conn) string {
+	if c.source != "" && s.sources[c.source] >= s.maxConnsPerSource() {
+		return fmt.Sprintf("%d connections from %s already (MaxConnsPerSource)", s.sources[c.source], c.source)
+	}
+	handshakes := 0
+	for o := range s.conns {
+		if !o.inTransmission && !o.evicted {
+			handshakes++
+		}
+	}
+	live := len(s.conns) - s.evicting
+	if handshakes >= s.maxHandshakes() || live >= s.maxConns() {
+		if v := s.evictionVictimLocked(); v != nil {
+			v.evicted = true
+			s.evicting++
+			v.log.Warn("nbd: handshake evicted to admit a new connection", "max_handshakes", s.maxHandshakes(), "max_conns", s.maxConns())
+			v.nc.Close()
+		} else {
+			return fmt.Sprintf("%d connections in transmission (MaxConns)", live)
+		}
+	}
+	s.conns[c] = struct{}{}
+	if c.source != "" {
+		s.sources[c.source]++
+	}
+	s.active.Add(1)
+	return ""
+}
+
+// evictionVictimLocked picks the connection in the handshake to drop for a new one: the
+// oldest of the source address that has the most handshakes open, so that one address
+// cannot push everyone else out.
+func (s *Server) evictionVictimLocked() *conn {
+	per := make(map[string]int)
+	for o := range s.conns {
+		if !o.inTransmission && !o.evicted {
+			per[o.source]++
+		}
+	}
+	var v *conn
+	for o := range s.conns {
+		if o.inTransmission || o.evicted {
+			continue
+		}
+		if v == nil || per[o.source] > per[v.source] || (per[o.source] == per[v.source] && o.start.Before(v.start)) {
+			v = o
+		}
+	}
+	return v
 }
 
 func transientAcceptError(err error) bool {
@@ -191,7 +289,9 @@ func (s *Server) closing() bool {
 	return s.shutdown
 }
 
-// enterTransmission moves c out of the handshake unless the server is shutting down.
+// enterTransmission moves c out of the handshake unless the server is shutting down. It
+// runs before the reply that ends the handshake is sent, so that a client that has its
+// export is never taken for an idle handshake to evict.
 func (s *Server) enterTransmission(c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -205,12 +305,21 @@ func (s *Server) enterTransmission(c *conn) bool {
 func (s *Server) forget(c *conn) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	if c.evicted {
+		s.evicting--
+	}
+	if c.source != "" {
+		if s.sources[c.source]--; s.sources[c.source] <= 0 {
+			delete(s.sources, c.source)
+		}
+	}
 	s.mu.Unlock()
 	s.active.Done()
 }
 
-// Shutdown stops the server gracefully: it closes the listeners, drops connections still
-// in the handshake, and tells each connection in transmission to stop reading requests,
+// Shutdown stops the server gracefully: it closes the listeners, answers options still
+// arriving on connections in the handshake with NBD_REP_ERR_SHUTDOWN for a short while
+// before closing them, and tells each connection in transmission to stop reading requests,
 // finish and answer those in flight, flush its export's backend and close. It returns
 // once every connection is gone, or with ctx's error when ctx ends first, after closing
 // whatever was left. The backends are the caller's to close afterwards.
@@ -232,10 +341,8 @@ func (s *Server) stopServing(ctx context.Context, handover bool) error {
 	for c := range s.conns {
 		if c.inTransmission && handover {
 			c.stopUnread()
-		} else if c.inTransmission {
-			c.stop()
 		} else {
-			c.nc.Close()
+			c.stop() // in the handshake too: options then get NBD_REP_ERR_SHUTDOWN
 		}
 	}
 	s.mu.Unlock()

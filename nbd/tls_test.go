@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -350,5 +351,119 @@ func TestTLSConfigFromFiles(t *testing.T) {
 	var pe *os.PathError
 	if _, err := TLSConfigFromFiles(cert, key, filepath.Join(dir, "missing")); !errors.As(err, &pe) {
 		t.Errorf("missing CA file: %v", err)
+	}
+}
+
+// rsaPKI writes a CA, a server and a client certificate with RSA keys (what certtool and
+// the qemu and libnbd documentation make) into dir, under the names TLSConfigFromFiles'
+// caller and the GnuTLS clients expect: ca-cert.pem, server-{cert,key}.pem and
+// client-{cert,key}.pem.
+func rsaPKI(t *testing.T, dir string) {
+	t.Helper()
+	gen := func() *rsa.PrivateKey {
+		k, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	write := func(name, typ string, der []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	caKey := gen()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "eli test RSA CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	write("ca-cert.pem", "CERTIFICATE", caDER)
+	for i, role := range []string{"server", "client"} {
+		key := gen()
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(int64(2 + i)), Subject: pkix.Name{CommonName: "eli test " + role},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+			KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}
+		if role == "server" {
+			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+			tmpl.DNSNames = []string{"localhost"}
+			tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(role+"-cert.pem", "CERTIFICATE", der)
+		write(role+"-key.pem", "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(key))
+	}
+}
+
+// TestTLS13ClientCertGnuTLS: with a client CA, GnuTLS clients (nbdinfo, qemu-img) must be
+// able to authenticate with an RSA certificate over TLS 1.3. They could not while the
+// server's CertificateRequest named the CA (see gnutlsClientAuth); the server logged
+// "client didn't provide a certificate". A client without a certificate, or with one from
+// another CA, is still refused.
+func TestTLS13ClientCertGnuTLS(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "nbdinfo", "libnbd-bin")
+	testtool.Need(t, "qemu-img", "qemu-utils")
+	dir := t.TempDir()
+	rsaPKI(t, dir)
+	cfg, err := TLSConfigFromFiles(filepath.Join(dir, "server-cert.pem"), filepath.Join(dir, "server-key.pem"), filepath.Join(dir, "ca-cert.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MinVersion = tls.VersionTLS13 // the case that failed; 1.2 always worked
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := oneExportServer(newMem(1<<20), func(e *Export) { e.Name = "disk.eli" })
+	srv.TLSConfig = cfg
+	srv.Logger = testLogger(t)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		<-served
+	})
+	port := l.Addr().(*net.TCPAddr).Port
+
+	out := run(t, 30*time.Second, "nbdinfo", fmt.Sprintf("nbds://localhost:%d/disk.eli?tls-certificates=%s", port, dir))
+	if !strings.Contains(out, "with TLS") || !strings.Contains(out, "export-size: 1048576") {
+		t.Fatalf("nbdinfo over TLS 1.3:\n%s", out)
+	}
+	out = run(t, 30*time.Second, "qemu-img", "info", "--output=json",
+		"--object", "tls-creds-x509,id=tls0,endpoint=client,dir="+dir,
+		"--image-opts", fmt.Sprintf("driver=nbd,host=127.0.0.1,port=%d,export=disk.eli,tls-creds=tls0", port))
+	if !strings.Contains(out, `"virtual-size": 1048576`) {
+		t.Fatalf("qemu-img info over TLS 1.3:\n%s", out)
+	}
+
+	// Refused: no client certificate, and one from another CA.
+	noCert := t.TempDir()
+	other := t.TempDir()
+	rsaPKI(t, other)
+	ca, _ := os.ReadFile(filepath.Join(dir, "ca-cert.pem"))
+	for _, d := range []string{noCert, other} {
+		if err := os.WriteFile(filepath.Join(d, "ca-cert.pem"), ca, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, d := range map[string]string{"no client certificate": noCert, "client certificate from another CA": other} {
+		out, err := runErr(30*time.Second, "nbdinfo", fmt.Sprintf("nbds://localhost:%d/disk.eli?tls-certificates=%s", port, d))
+		if err == nil || strings.Contains(out, "export-size") {
+			t.Errorf("%s: nbdinfo was let in:\n%s", name, out)
+		}
 	}
 }

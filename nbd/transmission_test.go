@@ -129,7 +129,7 @@ func TestProtocolViolations(t *testing.T) {
 		send []byte
 	}{
 		{"bad request magic", badMagic},
-		{"write of 33 MiB", reqBytes(nbdproto.CmdWrite, 0, 1, 0, 33<<20, nil)},
+		{"write of more than the server skips", reqBytes(nbdproto.CmdWrite, 0, 1, 0, maxSkip+1, nil)},
 		{"write of 4 GiB - 1", reqBytes(nbdproto.CmdWrite, 0, 1, 0, math.MaxUint32, nil)},
 	}
 	for _, tc := range tests {
@@ -401,9 +401,11 @@ func TestInFlightBounds(t *testing.T) {
 		perClient           int
 		hold                time.Duration // backend time per request
 	}{
-		{"count bound", 256 << 10, 4, 10, MaxRequest, MaxRequest, 10, 12, 30 * time.Millisecond},
-		// 5 × 8 MiB must cross the socket while the first is held, even on a busy machine.
-		{"byte bound", 8 << 20, 16, 64, MaxRequest, MaxRequest + 8<<20, 5, 4, 250 * time.Millisecond},
+		// 2 MiB requests do not fit a connection's reserve (reserveBytes), so only the
+		// shared pool's count binds.
+		{"count bound", 2 << 20, 4, 10, MaxRequest, MaxRequest, 10, 12, 200 * time.Millisecond},
+		// 9 × 8 MiB must cross the socket while the first is held, even on a busy machine.
+		{"byte bound", 8 << 20, 16, 64, MaxRequest, MaxRequest + 8<<20, 9, 4, 500 * time.Millisecond},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -43,8 +43,8 @@ type Onetime struct {
 }
 
 // Volume is an unlocked, open volume: the plaintext sectors of a provider. It is what the
-// NBD server serves (it implements nbd.Backend and nbd.Cacher), and it counts what it
-// serves for Status.
+// NBD server serves (it implements nbd.Backend, nbd.Cacher and nbd.BlockStatuser), and
+// it counts what it serves for Status.
 type Volume struct {
 	dev   *blockdev.Device
 	codec sector.Codec
@@ -148,8 +148,9 @@ func (v *Volume) Err() error {
 // blockdev each define their own, and nothing but this file knows that they correspond.
 
 var (
-	_ nbd.Backend = (*Volume)(nil)
-	_ nbd.Cacher  = (*Volume)(nil)
+	_ nbd.Backend       = (*Volume)(nil)
+	_ nbd.Cacher        = (*Volume)(nil)
+	_ nbd.BlockStatuser = (*Volume)(nil)
 )
 
 // flagMap pairs each nbd flag with the blockdev flag that means the same.
@@ -264,6 +265,21 @@ func (v *Volume) Trim(off, n int64, f nbd.Flags) error {
 func (v *Volume) Flush() error {
 	v.flushes.Add(1)
 	return v.note(v.dev.Flush(), true)
+}
+
+// BlockStatus answers NBD_CMD_BLOCK_STATUS (base:allocation) from the device's records:
+// in the authenticated modes, never-written and trimmed sectors are holes that read as
+// zeroes, so that clients (nbdcopy, qemu-img convert and map, mirror jobs) skip them.
+func (v *Volume) BlockStatus(off, n int64) ([]nbd.Extent, error) {
+	ext, err := v.dev.Extents(off, n)
+	if err != nil {
+		return nil, v.note(err, false)
+	}
+	out := make([]nbd.Extent, len(ext))
+	for i, e := range ext {
+		out[i] = nbd.Extent{Length: e.Length, Hole: e.Hole, Zero: e.Zero}
+	}
+	return out, nil
 }
 
 func (v *Volume) Cache(off, n int64) error {

@@ -12,7 +12,11 @@ const (
 	MagicRequest          = 0x25609513
 	MagicSimpleReply      = 0x67446698
 	MagicStructuredReply  = 0x668e33ef
+	MagicExtendedRequest  = 0x21e41c71
+	MagicExtendedReply    = 0x6e8a278c
 	RequestHeaderLen      = 28
+	ExtendedRequestLen    = 32
+	ExtendedReplyLen      = 32
 	SimpleReplyHeaderLen  = 16
 	StructuredHeaderLen   = 20
 	OptionHeaderLen       = 16
@@ -45,6 +49,7 @@ const (
 	RepAck               = 1
 	RepServer            = 2
 	RepInfo              = 3
+	RepMetaContext       = 4
 	RepErrUnsup          = RepFlagError | 1
 	RepErrPolicy         = RepFlagError | 2
 	RepErrInvalid        = RepFlagError | 3
@@ -54,6 +59,7 @@ const (
 	RepErrShutdown       = RepFlagError | 7
 	RepErrBlockSizeReqd  = RepFlagError | 8
 	RepErrTooBig         = RepFlagError | 9
+	RepErrExtHeaderReqd  = RepFlagError | 10
 	InfoExport           = 0
 	InfoName             = 1
 	InfoDescription      = 2
@@ -64,18 +70,19 @@ const (
 
 // Transmission flags, proto.md "Transmission flags".
 const (
-	TflagHasFlags        = 1 << 0
-	TflagReadOnly        = 1 << 1
-	TflagSendFlush       = 1 << 2
-	TflagSendFUA         = 1 << 3
-	TflagRotational      = 1 << 4
-	TflagSendTrim        = 1 << 5
-	TflagSendWriteZeroes = 1 << 6
-	TflagSendDF          = 1 << 7
-	TflagCanMultiConn    = 1 << 8
-	TflagSendResize      = 1 << 9
-	TflagSendCache       = 1 << 10
-	TflagSendFastZero    = 1 << 11
+	TflagHasFlags         = 1 << 0
+	TflagReadOnly         = 1 << 1
+	TflagSendFlush        = 1 << 2
+	TflagSendFUA          = 1 << 3
+	TflagRotational       = 1 << 4
+	TflagSendTrim         = 1 << 5
+	TflagSendWriteZeroes  = 1 << 6
+	TflagSendDF           = 1 << 7
+	TflagCanMultiConn     = 1 << 8
+	TflagSendResize       = 1 << 9
+	TflagSendCache        = 1 << 10
+	TflagSendFastZero     = 1 << 11
+	TflagBlockStatPayload = 1 << 12
 )
 
 // Commands and command flags, proto.md "Request types", "Command flags".
@@ -94,6 +101,8 @@ const (
 	CmdFlagDF       = 1 << 2
 	CmdFlagReqOne   = 1 << 3
 	CmdFlagFastZero = 1 << 4
+	// CmdFlagPayloadLen: with extended headers, the length field is a payload length.
+	CmdFlagPayloadLen = 1 << 5
 )
 
 // Structured reply flags and chunk types, proto.md "Structured reply types".
@@ -102,9 +111,19 @@ const (
 	ChunkNone            = 0
 	ChunkOffsetData      = 1
 	ChunkOffsetHole      = 2
+	ChunkBlockStatus     = 5
+	ChunkBlockStatusExt  = 6
 	ChunkError           = 1<<15 | 1
 	ChunkErrorOffset     = 1<<15 | 2
 	ChunkErrorPayloadLen = 4 + 2 // error, message length
+)
+
+// Metadata context "base:allocation", proto.md "Metadata querying" and "base:allocation
+// metadata context": the status flags of an extent.
+const (
+	MetaBaseAllocation = "base:allocation"
+	StateHole          = 1 << 0
+	StateZero          = 1 << 1
 )
 
 // Error values, proto.md "Error values".
