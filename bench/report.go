@@ -234,7 +234,7 @@ func (r *report) markdown(chartRef string) string {
 	}
 
 	if r.result(nameEliAEAD) != nil {
-		p("\neli xchacha20-poly1305 against the others, as ratios of medians from this run (issue 7's targets in brackets):\n\n")
+		p("\neli xchacha20-poly1305 against the others, as ratios of medians from this run (targets in brackets):\n\n")
 		p("| eli xchacha20-poly1305 |")
 		for _, wl := range r.Workloads {
 			p(" %s |", strings.TrimSuffix(strings.TrimSuffix(workloadTitle(wl), " MB/s"), " IOPS"))

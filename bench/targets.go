@@ -297,7 +297,7 @@ func (w *world) makeEli(ctx context.Context, m sector.Mode, img string) error {
 	}
 	args := []string{"init", "--cipher", m.String(), "--passphrase-file", w.passFile,
 		"--kdf-time", "1", "--kdf-memory", "8", "--kdf-threads", "1"}
-	if m.Unsafe() {
+	if m.Unsafe() || m == sector.ModeNone { // init asks --unsafe for none too
 		args = append(args, "--unsafe")
 	}
 	return runTool(ctx, w.eli, append(args, img)...)

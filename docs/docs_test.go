@@ -46,3 +46,49 @@ func TestReferencedTestsExist(t *testing.T) {
 		}
 	}
 }
+
+// TestStandsAlone checks that the repository's documents and code point at nothing outside
+// it, and that every relative link in a document resolves: what the repository needs of a
+// design note belongs in docs/design.md.
+func TestStandsAlone(t *testing.T) {
+	linkRE := regexp.MustCompile(`\]\(([^)#\s]+)(#[^)]*)?\)`)
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); name == ".git" || name == "testdata" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		ext := filepath.Ext(path)
+		if ext != ".md" && ext != ".go" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		text := string(b)
+		if filepath.Base(path) != "docs_test.go" && (strings.Contains(text, "../shared") || strings.Contains(text, "DESIGN.md")) {
+			t.Errorf("%s points outside the repository (../shared or DESIGN.md): use docs/design.md", path)
+		}
+		if ext != ".md" {
+			return nil
+		}
+		for _, m := range linkRE.FindAllStringSubmatch(text, -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(filepath.Dir(path), target)); err != nil {
+				t.Errorf("%s links to %s, which does not exist", path, target)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

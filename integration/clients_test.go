@@ -77,7 +77,7 @@ func TestQemuIO(t *testing.T) {
 				"read -P 0x11 8M 512k", "read -P 0x22 9M 512k",
 			}
 			if l := e.dumpLayout(img); l.authenticated() {
-				// A trimmed sector gets a zero record: it reads as zeroes (DESIGN.md). In
+				// A trimmed sector gets a zero record: it reads as zeroes (docs/design.md). In
 				// the length-preserving modes its contents after a trim are unspecified,
 				// as NBD allows.
 				script = append(script, "read -P 0 1M 1M")

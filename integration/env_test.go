@@ -85,9 +85,11 @@ func (e *env) create(v volume) string {
 }
 
 // isUnsafeMode reports whether init needs --unsafe for mode.
+// isUnsafeMode reports whether init needs --unsafe for mode: the fixed-keystream modes
+// and none.
 func isUnsafeMode(mode string) bool {
 	m, err := sector.ParseMode(mode)
-	return err == nil && m.Unsafe()
+	return err == nil && (m.Unsafe() || m == sector.ModeNone)
 }
 
 func (e *env) detach(name string) {

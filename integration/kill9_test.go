@@ -20,7 +20,7 @@ import (
 // Scenario 4 (issue 6): kill -9 during writes. A writer streams writes (aligned and not,
 // FUA, write-zeroes, trims) with flushes in between; the server is SIGKILLed at a random
 // moment; after each re-attach every sector must read (no EIO, the whole device) and hold
-// a value it may hold by DESIGN.md's guarantee: the value it had at the last completed
+// a value it may hold by docs/design.md's guarantee: the value it had at the last completed
 // flush (or FUA write), or one written since. A kill is a process crash, not a power cut:
 // what reached the page cache survives, so this checks eli's commit and recovery logic
 // (journal, intent, records) rather than the disk's.

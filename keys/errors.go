@@ -40,6 +40,9 @@ var (
 	ErrLastSlot = errors.New("refusing to delete the last active keyslot")
 	// ErrKDFParams: Argon2id parameters outside what eli accepts.
 	ErrKDFParams = errors.New("KDF parameters out of range")
+	// ErrKDFLimit: a keyslot's Argon2id parameters are within the format's bounds but
+	// beyond the KDFLimits of this unlock.
+	ErrKDFLimit = errors.New("KDF parameters beyond the limits")
 	// ErrOtherVolume: a backup whose volume ID differs from the provider's current header.
 	ErrOtherVolume = errors.New("header belongs to another volume")
 	// ErrSizeMismatch: a backup made when the provider had another size.

@@ -3,6 +3,7 @@ package keys
 import (
 	"crypto/rand"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"strconv"
@@ -26,6 +27,71 @@ const (
 	MaxKDFTime      = 1000
 	MaxKDFMemoryKiB = 4 << 20 // 4 GiB
 )
+
+// KDFLimits bound the Argon2id work that keyslot parameters read from a header may make
+// this machine do. The format allows up to 4 GiB × 1000 passes × 255 lanes per keyslot,
+// and Unlock may try all eight keyslots: a provider someone hands over could otherwise
+// keep an unlock busy for days, or exhaust the machine's memory.
+type KDFLimits struct {
+	MemoryKiB uint64 // most memory one derivation may use
+	Threads   int    // most lanes one derivation may use
+	// WorkKiB is the most memory × passes (in KiB) that one Unlock may spend on all the
+	// keyslots it tries together, and that one keyslot may ask for.
+	WorkKiB uint64
+}
+
+// Default limits: see DefaultKDFLimits.
+const (
+	LimitKDFThreads = 16
+	LimitKDFWorkKiB = 32 << 20 // 32 GiB × passes: 64 passes at 512 MiB
+)
+
+// NoKDFLimits lets parameters go up to what the format allows (what
+// --kdf-allow-expensive asks for).
+var NoKDFLimits = KDFLimits{MemoryKiB: math.MaxUint64, Threads: math.MaxInt, WorkKiB: math.MaxUint64}
+
+// DefaultKDFLimits are the limits Unlock applies: memory at most half of this machine's
+// memory (or cgroup limit) and at most MaxKDFMemoryKiB, at most LimitKDFThreads lanes,
+// and LimitKDFWorkKiB of memory × passes in all.
+func DefaultKDFLimits() KDFLimits { return defaultLimits(availableMemory()) }
+
+func defaultLimits(total uint64) KDFLimits {
+	mem := uint64(MaxKDFMemoryKiB)
+	if total > 0 {
+		mem = min(mem, total/2>>10)
+	}
+	return KDFLimits{MemoryKiB: mem, Threads: LimitKDFThreads, WorkKiB: LimitKDFWorkKiB}
+}
+
+// work is the memory × passes one derivation with p costs, in KiB.
+func (p KDFParams) work() uint64 { return uint64(p.MemoryKiB) * uint64(p.Time) }
+
+// Check reports whether one derivation with p stays within l; the error wraps ErrKDFLimit
+// and names the limit.
+func (l KDFLimits) Check(p KDFParams) error {
+	switch {
+	case uint64(p.MemoryKiB) > l.MemoryKiB:
+		return newError(ErrKDFLimit, "Argon2id memory %s is more than the limit of %s (half of this machine's memory, at most %s)",
+			kib(uint64(p.MemoryKiB)), kib(l.MemoryKiB), kib(MaxKDFMemoryKiB))
+	case int(p.Threads) > l.Threads:
+		return newError(ErrKDFLimit, "Argon2id with %d lanes is more than the limit of %d lanes", p.Threads, l.Threads)
+	case p.work() > l.WorkKiB:
+		return newError(ErrKDFLimit, "Argon2id work %s × %d passes is more than the limit of %s × passes",
+			kib(uint64(p.MemoryKiB)), p.Time, kib(l.WorkKiB))
+	}
+	return nil
+}
+
+// kib formats a size in KiB for messages.
+func kib(n uint64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d GiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d MiB", n>>10)
+	}
+	return fmt.Sprintf("%d KiB", n)
+}
 
 // Default calibration inputs (see Calibrate).
 const (

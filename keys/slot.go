@@ -1,10 +1,12 @@
 package keys
 
 import (
+	"crypto/cipher"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 
 	"golang.org/x/crypto/chacha20poly1305"
 )
@@ -114,31 +116,61 @@ func sealSlot(raw *[HeaderSize]byte, i int, mk *MasterKey, c Credentials, p KDFP
 	}
 	ikm := c.ikm()
 	defer ikm.Wipe()
-	kek := p.kek(ikm, s[slotSalt:slotNonce])
-	defer kek.Wipe()
-	aead, err := chacha20poly1305.NewX(kek.Bytes())
+	err := withKEK(p, ikm, s[slotSalt:slotNonce], func(aead cipher.AEAD) error {
+		// Seal appends within s's capacity: s[72:72] has room for 64 + 16 bytes before 152.
+		aead.Seal(s[slotWrapped:slotWrapped], s[slotNonce:slotWrapped], mk.key.Bytes(), slotAD(raw, i))
+		return nil
+	})
 	if err != nil {
 		clear(s)
 		return fmt.Errorf("keyslot cipher: %w", err)
 	}
-	// Seal appends within s's capacity: s[72:72] has room for 64 + 16 bytes before 152.
-	aead.Seal(s[slotWrapped:slotWrapped], s[slotNonce:slotWrapped], mk.key.Bytes(), slotAD(raw, i))
 	return nil
 }
 
 // openSlot unwraps keyslot i with an ikm; it returns nil if the slot does not open.
 func openSlot(raw *[HeaderSize]byte, i int, info SlotInfo, ikm *Secret) *Secret {
 	s := slotBytes(raw, i)
-	kek := info.KDF.kek(ikm, info.Salt[:])
-	defer kek.Wipe()
-	aead, err := chacha20poly1305.NewX(kek.Bytes())
-	if err != nil {
-		return nil
-	}
 	out := NewSecret(MasterKeySize)
-	if _, err := aead.Open(out.Bytes()[:0], s[slotNonce:slotWrapped], s[slotWrapped:slotReserved2], slotAD(raw, i)); err != nil {
+	err := withKEK(info.KDF, ikm, info.Salt[:], func(aead cipher.AEAD) error {
+		_, err := aead.Open(out.Bytes()[:0], s[slotNonce:slotWrapped], s[slotWrapped:slotReserved2], slotAD(raw, i))
+		return err
+	})
+	if err != nil {
 		out.Wipe()
 		return nil
 	}
 	return out
+}
+
+// withKEK derives a keyslot's key-encryption key and runs fn with an XChaCha20-Poly1305
+// AEAD under it. The KEK is wiped as soon as the AEAD holds its own copy, and that copy
+// when fn returns, so no key outlives the call in either. (x/crypto's Seal and Open still
+// derive a per-message subkey into memory of their own, which nothing here can reach.)
+func withKEK(p KDFParams, ikm *Secret, salt []byte, fn func(cipher.AEAD) error) error {
+	kek := p.kek(ikm, salt)
+	aead, err := chacha20poly1305.NewX(kek.Bytes())
+	kek.Wipe()
+	if err != nil {
+		return err
+	}
+	defer wipeAEAD(aead)
+	return fn(aead)
+}
+
+// wipeAEAD zeroes the key inside an AEAD from chacha20poly1305.NewX, which has no way to
+// wipe itself: a pointer to a struct whose only field is the [32]byte key. It checks that
+// layout by reflection first and reports whether it wiped; a future x/crypto that changes
+// the layout makes it a no-op, and TestWipeAEAD fail.
+func wipeAEAD(a cipher.AEAD) bool {
+	v := reflect.ValueOf(a)
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return false
+	}
+	t := v.Type().Elem()
+	if t.Kind() != reflect.Struct || t.NumField() != 1 || t.Field(0).Type != reflect.TypeFor[[chacha20poly1305.KeySize]byte]() {
+		return false
+	}
+	clear((*[chacha20poly1305.KeySize]byte)(v.UnsafePointer())[:])
+	return true
 }

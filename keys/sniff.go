@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
 )
 
@@ -71,4 +72,30 @@ func hexPreview(b []byte) string {
 	}
 	sb.WriteByte('|')
 	return sb.String()
+}
+
+// Remnant looks for what is left of a damaged eli header on a provider where Read found
+// no copy with the eli magic: a copy's place (offset 0 or the end) whose fields after the
+// magic still say format version 1, header length 4096 and 8 keyslots, 12 bytes that
+// chance matches with probability 2^-96. It returns where and what it found, or "" if
+// nothing looks like eli. Its error is an I/O error.
+func Remnant(p provider.Provider) (string, error) {
+	size := p.Size()
+	if size < HeaderSize {
+		return "", nil
+	}
+	le := binary.LittleEndian
+	for _, off := range []int64{0, layout.HeaderBOffset(size)} {
+		if off < 0 || off+HeaderSize > size {
+			continue
+		}
+		b := make([]byte, HeaderSize)
+		if err := readAt(p, b, off); err != nil {
+			return "", err
+		}
+		if le.Uint32(b[offVersion:]) == FormatVersion && le.Uint32(b[offLength:]) == HeaderSize && le.Uint32(b[offSlotCount:]) == NumSlots {
+			return fmt.Sprintf("a damaged eli header copy at offset %d: its magic is gone, its other fields are an eli header's", off), nil
+		}
+	}
+	return "", nil
 }

@@ -22,7 +22,12 @@ func (h *Header) rawVolumeID() (id [16]byte) {
 	return id
 }
 
-// Unlock derives each candidate keyslot's key from c and unwraps the master key: every
+// Unlock is UnlockWithin under DefaultKDFLimits.
+func (h *Header) Unlock(c Credentials, slot int) (*MasterKey, int, error) {
+	return h.UnlockWithin(c, slot, DefaultKDFLimits())
+}
+
+// UnlockWithin derives each candidate keyslot's key from c and unwraps the master key: every
 // active slot whose credential kinds (passphrase, keyfiles, both) are exactly those in c,
 // or only the given slot (0..NumSlots-1). It returns the master key and the slot that
 // opened, after checking the header MAC with it.
@@ -30,8 +35,13 @@ func (h *Header) rawVolumeID() (id [16]byte) {
 // Errors: ErrNoCredentials; ErrNoKeys (no active slot); ErrSlotRange, ErrSlotEmpty (the
 // given slot); ErrWrongKey (no candidate opens, or no slot takes these credential kinds);
 // ErrHeaderTampered (a slot opened but the MAC-covered fields, such as the sector count,
-// were changed).
-func (h *Header) Unlock(c Credentials, slot int) (*MasterKey, int, error) {
+// were changed); ErrKDFLimit (nothing opened, and a candidate was not tried).
+//
+// Candidates are tried in slot order within lim: a keyslot whose parameters exceed lim,
+// or whose work exceeds what is left of lim.WorkKiB after the slots tried before it, is
+// not derived at all. So a hostile header costs at most lim.WorkKiB in all, however many
+// slots it fills.
+func (h *Header) UnlockWithin(c Credentials, slot int, lim KDFLimits) (*MasterKey, int, error) {
 	if err := c.check(); err != nil {
 		return nil, -1, err
 	}
@@ -72,7 +82,20 @@ func (h *Header) Unlock(c Credentials, slot int) (*MasterKey, int, error) {
 
 	ikm := c.ikm()
 	defer ikm.Wipe()
+	budget := lim.WorkKiB
+	var skipped []string
 	for _, i := range try {
+		p := infos[i].KDF
+		if err := lim.Check(p); err != nil {
+			skipped = append(skipped, fmt.Sprintf("keyslot %d: %v", i, err))
+			continue
+		}
+		if p.work() > budget {
+			skipped = append(skipped, fmt.Sprintf("keyslot %d: its Argon2id work %s × %d passes is more than is left (%s × passes) of the limit of %s × passes for one unlock",
+				i, kib(uint64(p.MemoryKiB)), p.Time, kib(budget), kib(lim.WorkKiB)))
+			continue
+		}
+		budget -= p.work()
 		key := openSlot(&h.raw, i, infos[i], ikm)
 		if key == nil {
 			continue
@@ -83,6 +106,13 @@ func (h *Header) Unlock(c Credentials, slot int) (*MasterKey, int, error) {
 			return nil, -1, err
 		}
 		return mk, i, nil
+	}
+	if len(skipped) > 0 {
+		msg := "not derived, to bound the work a header can ask for"
+		if len(skipped) < len(try) {
+			msg = "the other keyslots did not open; " + msg
+		}
+		return nil, -1, newError(ErrKDFLimit, "%s (%s)", strings.Join(skipped, "; "), msg)
 	}
 	return nil, -1, ErrWrongKey
 }

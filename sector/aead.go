@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/elidisk/eli/chacha"
+	"github.com/elidisk/eli/internal/chacha"
+	"github.com/elidisk/eli/internal/poly1305"
 	"github.com/elidisk/eli/internal/wipe"
-	"github.com/elidisk/eli/poly1305"
 	"golang.org/x/crypto/chacha20poly1305"
 )
 

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/elidisk/eli/chacha"
-	"github.com/elidisk/eli/poly1305"
+	"github.com/elidisk/eli/internal/chacha"
+	"github.com/elidisk/eli/internal/poly1305"
 )
 
 // MetaRunner is implemented by the authenticated codec: Seal and Open for a run of

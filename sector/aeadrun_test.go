@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/elidisk/eli/poly1305"
+	"github.com/elidisk/eli/internal/poly1305"
 	"golang.org/x/crypto/chacha20poly1305"
 )
 

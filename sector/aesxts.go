@@ -4,7 +4,7 @@ import (
 	"crypto/subtle"
 	"fmt"
 
-	"github.com/elidisk/eli/aesxts"
+	"github.com/elidisk/eli/internal/aesxts"
 )
 
 // aesXTS is AES-XTS (IEEE 1619) from package aesxts, with the sector index as the

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/elidisk/eli/aesxts"
+	"github.com/elidisk/eli/internal/aesxts"
 	"github.com/elidisk/eli/internal/cputime"
 	"golang.org/x/crypto/xts"
 )

@@ -3,7 +3,7 @@ package sector
 import (
 	"encoding/binary"
 
-	"github.com/elidisk/eli/chacha"
+	"github.com/elidisk/eli/internal/chacha"
 )
 
 // chachaXTS implements the UNSAFE modes chacha20-xts, chacha12-xts, chacha8-xts,

@@ -1,9 +1,9 @@
 package sector
 
 import (
-	"github.com/elidisk/eli/aesxts"
-	"github.com/elidisk/eli/chacha"
-	"github.com/elidisk/eli/poly1305"
+	"github.com/elidisk/eli/internal/aesxts"
+	"github.com/elidisk/eli/internal/chacha"
+	"github.com/elidisk/eli/internal/poly1305"
 )
 
 // Implementation names the code that runs mode m's codec in this process, for `eli

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/elidisk/eli/poly1305"
+	"github.com/elidisk/eli/internal/poly1305"
 )
 
 // TestImplementation: every mode names its code, and xchacha20-poly1305 names the path

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/elidisk/eli/aesxts"
+	"github.com/elidisk/eli/internal/aesxts"
 )
 
 // TestRunMatchesSectors: for every length-preserving mode, sector sizes 512 and 4096 and

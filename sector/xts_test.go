@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/elidisk/eli/chacha"
+	"github.com/elidisk/eli/internal/chacha"
 	"golang.org/x/crypto/chacha20"
 )
 

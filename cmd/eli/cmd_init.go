@@ -35,18 +35,24 @@ func newInitCmd(g *globalOptions) *cobra.Command {
 		Short: "Create an encrypted volume on a file or block device",
 		Long: `Init writes a new eli header (two copies: at the start and at the end of the
 provider) with a random master key wrapped in keyslot 0 under the passphrase and/or
-keyfiles, and prepares the metadata area. It is instant on any size: sectors that
-were never written read as zeroes.
+keyfiles, and prepares the metadata area. It is instant on any size. In the
+default mode, sectors that were never written read as zeroes. The length-preserving
+modes (aes-xts, aes128-xts, none, *-xts) leave the data area as it is: a sector
+never written reads as the provider's old bytes decrypted, which look random (or,
+for none, as the old bytes themselves); write zeroes over the attached device if
+that matters.
 
-Everything the provider held before is lost. A provider that already holds an eli
-volume is refused unless --force is given.
+Everything the provider held before is lost. A provider that holds an eli volume,
+or what looks like a damaged one, is refused unless --force is given; a killed
+volume (see 'eli kill') is not.
 
 Modes (--cipher):
   xchacha20-poly1305  default: a fresh random nonce on every write, every sector
                       authenticated; tampering is an I/O error
-  aes-xts             AES-256-XTS (--key-length 128 for AES-128-XTS), as geli and
-                      dm-crypt; length-preserving, no integrity
-  none                no encryption, for measuring overhead
+  aes-xts             AES-256-XTS (--key-length 128 or --cipher aes128-xts for
+                      AES-128-XTS), tweak = sector index; length-preserving, no
+                      integrity (docs/format.md says what it is compatible with)
+  none                no encryption, for measuring overhead; needs --unsafe
   chacha20-xts chacha12-xts chacha8-xts xchacha20-xts xchacha12-xts xchacha8-xts
                       UNSAFE, for benchmark parity only: the keystream is fixed per
                       sector, so two versions of a sector reveal both; needs --unsafe`,
@@ -66,9 +72,9 @@ Modes (--cipher):
 	f.StringVar(&o.size, "size", "", "create the provider file, or grow it, to SIZE (e.g. 1G) before init")
 	f.StringVar(&o.journal, "journal-size", "", "journal size for authenticated modes (default 2M; bounds one commit)")
 	f.StringVarP(&o.backup, "backup", "B", "", "also write a header backup to FILE (see 'eli restore')")
-	f.BoolVar(&o.unsafe, "unsafe", false, "allow the UNSAFE *-xts ChaCha modes (benchmark parity only)")
+	f.BoolVar(&o.unsafe, "unsafe", false, "allow the UNSAFE *-xts ChaCha modes (benchmark parity only) and none (no encryption)")
 	f.BoolVarP(&o.force, "force", "f", false, "overwrite an existing eli volume")
-	addCredFlags(cmd, &o.creds, "J", "K", "P")
+	addCredFlags(cmd, &o.creds, "j", "k", "p")
 	addKDFFlags(cmd, &o.kdf)
 	cmd.RegisterFlagCompletionFunc("cipher", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		var names []string
@@ -99,7 +105,11 @@ func parseModeFlags(cipher string, keyLength int, unsafe bool) (sector.Mode, err
 	default:
 		return 0, usagef("--key-length must be 128 or 256")
 	}
-	if mode.Unsafe() && !unsafe {
+	switch {
+	case mode == sector.ModeNone && !unsafe:
+		return 0, usagef("mode none does NOT encrypt: the provider would hold the plaintext, unauthenticated; "+
+			"it exists to measure overhead only. Pass --unsafe if that is really what you want, or use the default %s", sector.Default)
+	case mode.Unsafe() && !unsafe:
 		return 0, usagef("%s is UNSAFE: its keystream is fixed per sector, so anyone who sees two versions of a sector "+
 			"(or writes known data and reads the provider) can decrypt it; it exists for benchmark parity only. "+
 			"Pass --unsafe if that is really what you want, or use the default %s", mode, sector.Default)
@@ -107,7 +117,20 @@ func parseModeFlags(cipher string, keyLength int, unsafe bool) (sector.Mode, err
 	return mode, nil
 }
 
-func runInit(cmd *cobra.Command, o *initOptions, path string) error {
+// modeWarning is what every command that creates or attaches a volume of mode m warns,
+// or "" for the modes that protect the data.
+func modeWarning(m sector.Mode) string {
+	switch {
+	case m == sector.ModeNone:
+		return "mode none does NOT encrypt: the provider holds the plaintext, unauthenticated. Use it to measure overhead only."
+	case m.Unsafe():
+		return fmt.Sprintf("%s is UNSAFE: its keystream is fixed per sector, so two versions of a sector "+
+			"(or one known plaintext) reveal its contents. Use it for benchmarks only.", m)
+	}
+	return ""
+}
+
+func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 	mode, err := parseModeFlags(o.cipher, o.keyLength, o.unsafe)
 	if err != nil {
 		return err
@@ -121,7 +144,7 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) error {
 			return usageError{err}
 		}
 	}
-	if err := o.kdf.validate(); err != nil {
+	if err := o.kdf.validate(o.creds.kdfLimits()); err != nil {
 		return err
 	}
 	if o.backup != "" {
@@ -134,8 +157,17 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) error {
 		if err != nil {
 			return usageError{err}
 		}
-		if err := createOrGrow(path, size); err != nil {
+		created, err := createOrGrow(path, size)
+		if err != nil {
 			return err
+		}
+		if created {
+			// A failed init leaves nothing behind: not even the file it made.
+			defer func() {
+				if retErr != nil {
+					os.Remove(path)
+				}
+			}()
 		}
 	}
 	p, err := openLocked(path, false)
@@ -147,14 +179,9 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) error {
 	}
 	defer p.Close()
 
-	if h, err := keys.Read(p); err == nil || !errors.Is(err, keys.ErrNotELI) {
-		if !o.force {
-			what := "an eli header"
-			if err == nil {
-				what = fmt.Sprintf("eli volume %s (%s)", hex.EncodeToString(h.VolumeID[:]), h.Mode)
-			}
-			return fmt.Errorf("%s already holds %s: 'eli kill' it first, or pass --force to overwrite it", path, what)
-		}
+	note, err := checkOverwrite(p, o.force)
+	if err != nil {
+		return err
 	}
 	l, err := layout.Plan(p.Size(), o.sectorSize, mode, journal)
 	if err != nil {
@@ -165,7 +192,7 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) error {
 		return err
 	}
 	defer creds.wipe()
-	kdf, err := o.kdf.params()
+	kdf, err := o.kdf.params(o.creds.kdfLimits())
 	if err != nil {
 		return err
 	}
@@ -183,6 +210,9 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) error {
 		return fmt.Errorf("read back the new header: %w", err)
 	}
 	out := cmd.OutOrStdout()
+	if note != "" {
+		fmt.Fprintln(out, note)
+	}
 	fmt.Fprintf(out, "initialized %s: %s, %d-byte sectors, %s usable, volume %s\n",
 		path, mode, o.sectorSize, formatSize(l.Size()), hex.EncodeToString(h.VolumeID[:]))
 	fmt.Fprintf(out, "keyslot 0: %s, %v\n", creds.toKeys().Uses(), kdf)
@@ -192,33 +222,71 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) error {
 		}
 		fmt.Fprintf(out, "header backup written to %s (restore with: eli restore %s %s)\n", o.backup, o.backup, path)
 	}
-	if mode.Unsafe() {
-		warnf("%s is UNSAFE (keystream fixed per sector): use it for benchmarks only", mode)
+	if w := modeWarning(mode); w != "" {
+		warnf("%s", w)
 	}
 	return nil
 }
 
-// createOrGrow makes path a regular file of at least size bytes (sparse).
-func createOrGrow(path string, size int64) error {
+// checkOverwrite decides whether init may overwrite what p holds. Without force it
+// refuses a live eli volume (kill it first) and anything that looks like a damaged one
+// (restore a backup first); a killed volume, whose data nothing can decrypt any more, is
+// overwritten with a note, which it returns.
+func checkOverwrite(p *provider.File, force bool) (note string, err error) {
+	path := p.Path()
+	h, err := keys.Read(p)
+	switch {
+	case err == nil && h.ActiveSlots() == 0:
+		return fmt.Sprintf("%s held eli volume %s, killed (no keyslot left): initializing over it",
+			path, hex.EncodeToString(h.VolumeID[:])), nil
+	case force:
+		return "", nil
+	case err == nil:
+		return "", fmt.Errorf("%s already holds eli volume %s (%s): 'eli kill' it first, or pass --force to overwrite it",
+			path, hex.EncodeToString(h.VolumeID[:]), h.Mode)
+	case errors.Is(err, keys.ErrNotELI):
+		what, rerr := keys.Remnant(p)
+		if rerr != nil {
+			return "", rerr
+		}
+		if what == "" {
+			return "", nil
+		}
+		return "", fmt.Errorf("%s looks like a damaged eli volume (%s): if you have a header backup, 'eli restore BACKUP %s' brings it back; --force overwrites it",
+			path, what, path)
+	case errors.Is(err, keys.ErrCorrupt), errors.Is(err, keys.ErrTooSmall), errors.Is(err, keys.ErrVersion):
+		return "", fmt.Errorf("%s holds a damaged or unreadable eli volume (%v): if you have a header backup, 'eli restore BACKUP %s' brings it back; --force overwrites it",
+			path, err, path)
+	}
+	return "", fmt.Errorf("%s: %w", path, err) // an I/O error: overwrite nothing
+}
+
+// createOrGrow makes path a regular file of at least size bytes (sparse). created says
+// whether it made the file (which a failed init then removes).
+func createOrGrow(path string, size int64) (created bool, err error) {
 	st, err := os.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
-			return fmt.Errorf("create %s: %w", path, err)
+			return false, fmt.Errorf("create %s: %w", path, err)
 		}
 		f.Close()
+		created = true
 	case err != nil:
-		return err
+		return false, err
 	case !st.Mode().IsRegular():
-		return usagef("--size applies to regular files; %s is not one", path)
+		return false, usagef("--size applies to regular files; %s is not one", path)
 	case st.Size() > size:
-		return fmt.Errorf("%s is already %d bytes, larger than --size %d: refusing to shrink it", path, st.Size(), size)
+		return false, fmt.Errorf("%s is already %d bytes, larger than --size %d: refusing to shrink it", path, st.Size(), size)
 	}
 	p, err := provider.Open(path, false)
-	if err != nil {
-		return err
+	if err == nil {
+		err = p.Extend(size)
+		p.Close()
 	}
-	defer p.Close()
-	return p.Extend(size)
+	if err != nil && created {
+		os.Remove(path)
+	}
+	return created, err
 }

@@ -47,7 +47,7 @@ func headerOf(path string) (*keys.Header, error) {
 		return nil, err
 	}
 	defer p.Close()
-	return readHeader(p)
+	return readHeaderQuiet(p) // the dump shows the warning
 }
 
 type setkeyOptions struct {
@@ -76,9 +76,12 @@ master key. The volume must not be attached while its header changes.`,
 	f := cmd.Flags()
 	f.IntVarP(&o.slot, "slot", "n", keys.AnySlot, "keyslot to set (0-7; default: the first free one)")
 	addCredFlags(cmd, &o.old, "j", "k", "p")
-	f.StringVarP(&o.new.passphraseFile, "new-passphrase-file", "J", "", "read the new passphrase from FILE ('-' for standard input)")
-	f.StringArrayVarP(&o.new.keyfiles, "new-keyfile", "K", nil, "new keyfile (repeatable)")
-	f.BoolVarP(&o.new.noPassphrase, "new-no-passphrase", "P", false, "the new key uses keyfiles only")
+	// -j, -k and -p mean the credentials a command unlocks or creates with, in every
+	// command; the new key's flags have long names only, so that no letter means one
+	// thing here and another in init.
+	f.StringVar(&o.new.passphraseFile, "new-passphrase-file", "", "read the new passphrase from FILE ('-' for standard input)")
+	f.StringArrayVar(&o.new.keyfiles, "new-keyfile", nil, "new keyfile (repeatable)")
+	f.BoolVar(&o.new.noPassphrase, "new-no-passphrase", false, "the new key uses keyfiles only")
 	addKDFFlags(cmd, &o.kdf)
 	return cmd
 }
@@ -87,7 +90,7 @@ func runSetkey(cmd *cobra.Command, o *setkeyOptions, path string) error {
 	if o.slot != keys.AnySlot && (o.slot < 0 || o.slot >= keys.NumSlots) {
 		return usagef("--slot must be 0 to %d", keys.NumSlots-1)
 	}
-	if err := o.kdf.validate(); err != nil {
+	if err := o.kdf.validate(o.old.kdfLimits()); err != nil {
 		return err
 	}
 	p, h, err := openHeader(path, false)
@@ -106,7 +109,7 @@ func runSetkey(cmd *cobra.Command, o *setkeyOptions, path string) error {
 		return err
 	}
 	defer c.wipe()
-	kdf, err := o.kdf.params()
+	kdf, err := o.kdf.params(o.old.kdfLimits())
 	if err != nil {
 		return err
 	}
@@ -131,6 +134,9 @@ unreachable) unless --force is given.`,
 		Args:    exactArgs("PROVIDER"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if slot < 0 || slot >= keys.NumSlots {
+				if cmd.Flags().Changed("slot") {
+					return usagef("--slot %d is out of range: keyslots are 0 to %d", slot, keys.NumSlots-1)
+				}
 				return usagef("--slot N is required, 0 to %d", keys.NumSlots-1)
 			}
 			p, _, err := openHeader(args[0], false)

@@ -66,8 +66,8 @@ eli volume is refused unless --force is given.`,
 			}
 			defer mk.Wipe()
 			cfg.Onetime, cfg.Mode, cfg.SectorSize, cfg.VolumeID = true, mode, sectorSize, mk.VolumeID()
-			if mode.Unsafe() {
-				warnf("%s is UNSAFE (keystream fixed per sector): use it for benchmarks only", mode)
+			if w := modeWarning(mode); w != "" {
+				warnf("%s", w)
 			}
 			return serveOrSpawn(cmd, sd, cfg, o.foreground, p, lock, mk)
 		},
@@ -76,7 +76,7 @@ eli volume is refused unless --force is given.`,
 	f.StringVarP(&cipher, "cipher", "e", sector.Default.String(), "cipher mode (see 'eli init --help')")
 	f.IntVarP(&keyLength, "key-length", "l", 0, "AES key length in bits for aes-xts: 128 or 256")
 	f.IntVarP(&sectorSize, "sector-size", "s", 4096, "sector size in bytes")
-	f.BoolVar(&unsafe, "unsafe", false, "allow the UNSAFE *-xts ChaCha modes")
+	f.BoolVar(&unsafe, "unsafe", false, "allow the UNSAFE *-xts ChaCha modes and none (no encryption)")
 	f.BoolVarP(&force, "force", "f", false, "destroy an eli volume on PROVIDER")
 	addServeFlags(cmd, o)
 	return cmd

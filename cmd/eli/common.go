@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"strings"
+	"syscall"
 
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/provider"
@@ -21,6 +24,12 @@ func warnf(format string, args ...any) {
 func openLocked(path string, readOnly bool) (*provider.File, error) {
 	p, err := provider.Open(path, readOnly)
 	if err != nil {
+		if !readOnly && (errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS)) {
+			if q, rerr := provider.Open(path, true); rerr == nil {
+				q.Close()
+				return nil, fmt.Errorf("%s can be opened for reading only (%w): 'eli attach --readonly' serves it read-only; this command needs to write", path, err)
+			}
+		}
 		return nil, err
 	}
 	if err := p.Lock(); err != nil {
@@ -49,18 +58,22 @@ func openHeader(path string, readOnly bool) (*provider.File, *keys.Header, error
 
 // readHeader reads the provider's header and warns about a damaged or stale copy.
 func readHeader(p *provider.File) (*keys.Header, error) {
+	h, err := readHeaderQuiet(p)
+	if err == nil && h.Warning != nil {
+		warnf("%s: %v (using the %s copy; the next header update repairs the other)", p.Path(), h.Warning, h.Copy)
+	}
+	return h, err
+}
+
+// readHeaderQuiet is readHeader for callers that show h.Warning themselves (dump).
+func readHeaderQuiet(p *provider.File) (*keys.Header, error) {
 	h, err := keys.Read(p)
 	if err != nil {
-		if errors.Is(err, keys.ErrNotELI) {
-			return nil, fmt.Errorf("%s: %w", p.Path(), err)
-		}
-		if errors.Is(err, keys.ErrCorrupt) {
+		// keys' message already points to eli restore where both copies are damaged.
+		if errors.Is(err, keys.ErrCorrupt) && !strings.Contains(err.Error(), "eli restore") {
 			return nil, fmt.Errorf("%s: %w; if you have a backup: eli restore BACKUP %s", p.Path(), err, p.Path())
 		}
 		return nil, fmt.Errorf("%s: %w", p.Path(), err)
-	}
-	if h.Warning != nil {
-		warnf("%s: %v (using the %s copy; the next header update repairs the other)", p.Path(), h.Warning, h.Copy)
 	}
 	return h, nil
 }
@@ -98,11 +111,22 @@ func unlock(h *keys.Header, cf credFlags, slot int, stdin *stdinGuard) (*keys.Ma
 		return nil, 0, err
 	}
 	defer c.wipe()
-	mk, n, err := h.Unlock(c.toKeys(), slot)
+	mk, n, err := h.UnlockWithin(c.toKeys(), slot, cf.kdfLimits())
+	if errors.Is(err, keys.ErrKDFLimit) {
+		return nil, 0, fmt.Errorf("%w. If you trust this provider's header, --kdf-allow-expensive lifts the limits", err)
+	}
 	if err != nil {
 		return nil, 0, err
 	}
 	return mk, n, nil
+}
+
+// kdfLimits are the Argon2id limits for keyslots this command opens or creates.
+func (cf credFlags) kdfLimits() keys.KDFLimits {
+	if cf.allowExpensive {
+		return keys.NoKDFLimits
+	}
+	return keys.DefaultKDFLimits()
 }
 
 func addCredFlags(cmd *cobra.Command, cf *credFlags, passShort, keyShort, noPassShort string) {
@@ -111,6 +135,9 @@ func addCredFlags(cmd *cobra.Command, cf *credFlags, passShort, keyShort, noPass
 	cmd.Flags().StringArrayVarP(&cf.keyfiles, "keyfile", keyShort, nil,
 		"use FILE's contents as a key, with or instead of the passphrase (repeatable; '-' for standard input)")
 	cmd.Flags().BoolVarP(&cf.noPassphrase, "no-passphrase", noPassShort, false, "use keyfiles only, no passphrase")
+	cmd.Flags().BoolVar(&cf.allowExpensive, "kdf-allow-expensive", false,
+		fmt.Sprintf("allow Argon2id costs beyond the limits (memory: half of RAM, at most %d MiB; %d lanes; %d GiB × passes in all)",
+			keys.MaxKDFMemoryKiB>>10, keys.LimitKDFThreads, keys.LimitKDFWorkKiB>>20))
 }
 
 // kdfFlags are the Argon2id parameters a command that creates a keyslot takes.
@@ -121,15 +148,16 @@ type kdfFlags struct {
 }
 
 func addKDFFlags(cmd *cobra.Command, k *kdfFlags) {
-	cmd.Flags().IntVar(&k.memoryMiB, "kdf-memory", 0, "Argon2id memory in MiB (default: 512, at most a quarter of RAM)")
+	cmd.Flags().IntVar(&k.memoryMiB, "kdf-memory", 0,
+		"Argon2id memory in MiB (default: 512, at most a quarter of RAM; where one pass at 512 MiB takes over 1.5 s, calibration lowers it towards 256)")
 	cmd.Flags().IntVar(&k.time, "kdf-time", 0, "Argon2id passes (default: calibrated to about one second on this machine)")
-	cmd.Flags().IntVar(&k.threads, "kdf-threads", 0, "Argon2id threads (default: up to 4)")
+	cmd.Flags().IntVar(&k.threads, "kdf-threads", 0, "Argon2id threads (default: the number of CPUs, at most 4)")
 }
 
 // params turns the flags into KDF parameters: explicit passes are used as given,
 // otherwise the passes are calibrated on this machine for about a second.
-func (k kdfFlags) params() (keys.KDFParams, error) {
-	if err := k.validate(); err != nil {
+func (k kdfFlags) params(lim keys.KDFLimits) (keys.KDFParams, error) {
+	if err := k.validate(lim); err != nil {
 		return keys.KDFParams{}, err
 	}
 	if k.time == 0 {
@@ -143,19 +171,48 @@ func (k kdfFlags) params() (keys.KDFParams, error) {
 	if err != nil {
 		return keys.KDFParams{}, usageError{err}
 	}
+	if err := lim.Check(p); err != nil {
+		return keys.KDFParams{}, usagef("%v; --kdf-allow-expensive goes beyond it", err)
+	}
 	return p, nil
 }
 
-// validate checks the flags before anything slow or interactive happens.
-func (k kdfFlags) validate() error {
+// validate checks the flags before anything slow or interactive happens: against the
+// format's bounds, and against lim, so that a new keyslot is one this machine will open.
+func (k kdfFlags) validate(lim keys.KDFLimits) error {
 	if k.memoryMiB < 0 || k.time < 0 || k.threads < 0 {
 		return usagef("KDF parameters must be positive")
+	}
+	if maxMiB := keys.MaxKDFMemoryKiB >> 10; k.memoryMiB > maxMiB {
+		return usagef("--kdf-memory %d: the format allows at most %d MiB", k.memoryMiB, maxMiB)
+	}
+	if k.time > keys.MaxKDFTime {
+		return usagef("--kdf-time %d: KDF parameters out of range: the format allows 1 to %d passes", k.time, keys.MaxKDFTime)
+	}
+	if k.threads > 255 {
+		return usagef("--kdf-threads %d: the format allows 1 to 255 threads", k.threads)
+	}
+	if uint64(k.memoryMiB)<<10 > lim.MemoryKiB {
+		return usagef("--kdf-memory %d MiB is more than the limit of %d MiB (half of this machine's memory); --kdf-allow-expensive goes beyond it", k.memoryMiB, lim.MemoryKiB>>10)
+	}
+	if k.threads > lim.Threads {
+		return usagef("--kdf-threads %d is more than the limit of %d; --kdf-allow-expensive goes beyond it", k.threads, lim.Threads)
+	}
+	if k.time > 0 {
+		p, err := keys.Fixed(k.time, k.memoryMiB, k.threads)
+		if err != nil {
+			return usageError{err}
+		}
+		if err := lim.Check(p); err != nil {
+			return usagef("%v; --kdf-allow-expensive goes beyond it", err)
+		}
+		return nil
 	}
 	mem := k.memoryMiB
 	if mem == 0 {
 		mem = 256 // any value the default could be; only the given flags are checked
 	}
-	if _, err := keys.Fixed(max(k.time, 1), mem, k.threads); err != nil {
+	if _, err := keys.Fixed(1, mem, k.threads); err != nil {
 		return usageError{err}
 	}
 	return nil

@@ -25,6 +25,9 @@ type credFlags struct {
 	passphraseFile string
 	keyfiles       []string
 	noPassphrase   bool
+	// allowExpensive lifts keys.DefaultKDFLimits for the keyslots this command opens
+	// and the one it creates (--kdf-allow-expensive).
+	allowExpensive bool
 }
 
 // credentials are what the user supplied, read into memory. Wipe them when done.
@@ -43,7 +46,7 @@ func (c *credentials) wipe() {
 	}
 }
 
-// terminal is where prompts go. Tests replace it; the real one is /dev/tty, so that a
+// openTerminal opens where prompts go. Tests replace it; the real one is /dev/tty, so that a
 // prompt works even when stdin and stdout are redirected.
 var openTerminal = func() (io.ReadWriteCloser, int, error) {
 	f, err := os.OpenFile("/dev/tty", os.O_RDWR, 0)
@@ -53,7 +56,7 @@ var openTerminal = func() (io.ReadWriteCloser, int, error) {
 	return f, int(f.Fd()), nil
 }
 
-// stdinUsed guards against reading two different things from one stdin.
+// stdinGuard guards against reading two different things from one stdin.
 type stdinGuard struct{ used string }
 
 func (g *stdinGuard) claim(what string) error {
@@ -95,14 +98,14 @@ func (cf credFlags) read(stdin *stdinGuard, prompt string, confirm bool) (*crede
 		}
 		c.passphrase = p
 	default:
-		p, err := promptPassphrase(prompt, confirm)
+		p, err := promptPassphrase(prompt, confirm, len(c.keyfiles) > 0)
 		if err != nil {
 			return nil, err
 		}
 		c.passphrase = p
 	}
 	if c.passphrase != nil && len(c.passphrase) == 0 && len(c.keyfiles) == 0 {
-		return nil, errors.New("empty passphrase: give one, or use --keyfile with --no-passphrase")
+		return nil, errEmptyPassphrase
 	}
 	ok = true
 	return c, nil
@@ -166,7 +169,11 @@ func readKeyfile(stdin *stdinGuard, path string) ([]byte, error) {
 	return data, nil
 }
 
-func promptPassphrase(prompt string, confirm bool) ([]byte, error) {
+var errEmptyPassphrase = errors.New("empty passphrase: give one, or use --keyfile with --no-passphrase")
+
+// promptPassphrase asks on the terminal, twice if confirm. An empty answer is refused at
+// once unless allowEmpty (keyfiles were given: an empty passphrase then means none).
+func promptPassphrase(prompt string, confirm, allowEmpty bool) ([]byte, error) {
 	tty, fd, err := openTerminal()
 	if err != nil {
 		return nil, errors.New("no terminal to ask for the passphrase: give --passphrase-file FILE (or - for standard input)")
@@ -175,6 +182,9 @@ func promptPassphrase(prompt string, confirm bool) ([]byte, error) {
 	p1, err := readNoEcho(tty, fd, prompt+": ")
 	if err != nil {
 		return nil, err
+	}
+	if len(p1) == 0 && !allowEmpty {
+		return nil, errEmptyPassphrase
 	}
 	if !confirm {
 		return p1, nil

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Exit codes, as DESIGN.md fixes them.
+// Exit codes, as docs/design.md fixes them.
 const (
 	exitOK    = 0
 	exitError = 1

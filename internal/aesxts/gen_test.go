@@ -8,5 +8,5 @@ import (
 
 // TestGeneratedAssemblyUpToDate: aesxts_amd64.s is what _asm generates.
 func TestGeneratedAssemblyUpToDate(t *testing.T) {
-	gentest.UpToDate(t, "aesxts_amd64.s", "go generate ./aesxts")
+	gentest.UpToDate(t, "aesxts_amd64.s", "go generate ./internal/aesxts")
 }

@@ -8,5 +8,5 @@ import (
 
 // TestGeneratedAssemblyUpToDate: chacha_amd64.s is what _asm generates.
 func TestGeneratedAssemblyUpToDate(t *testing.T) {
-	gentest.UpToDate(t, "chacha_amd64.s", "go generate ./chacha")
+	gentest.UpToDate(t, "chacha_amd64.s", "go generate ./internal/chacha")
 }

@@ -8,5 +8,5 @@ import (
 
 // TestGeneratedAssemblyUpToDate: poly1305_amd64.s is what _asm generates.
 func TestGeneratedAssemblyUpToDate(t *testing.T) {
-	gentest.UpToDate(t, "poly1305_amd64.s", "go generate ./poly1305")
+	gentest.UpToDate(t, "poly1305_amd64.s", "go generate ./internal/poly1305")
 }

@@ -1,0 +1,374 @@
+package tree
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+)
+
+// Geometry is the shape of a tree over a number of leaves: level 0 holds the leaves,
+// level l ≥ 1 holds ceil(width(l−1) / Arity) nodes, and the top level holds one node, whose
+// digest is the root. There is always at least one interior level.
+type Geometry struct {
+	widths []uint64
+}
+
+// NewGeometry is the geometry of a tree over leaves ≥ 1 leaves.
+func NewGeometry(leaves uint64) Geometry {
+	if leaves == 0 {
+		panic("tree: no leaves")
+	}
+	w := []uint64{leaves}
+	for len(w) == 1 || w[len(w)-1] > 1 {
+		prev := w[len(w)-1]
+		w = append(w, (prev+Arity-1)/Arity)
+	}
+	return Geometry{widths: w}
+}
+
+// Levels is the number of interior levels; the top node is at level Levels().
+func (g Geometry) Levels() int { return len(g.widths) - 1 }
+
+// Width is the number of blocks at a level (level 0: the leaves).
+func (g Geometry) Width(level int) uint64 { return g.widths[level] }
+
+// Nodes is the number of interior nodes, what a Store must hold.
+func (g Geometry) Nodes() uint64 {
+	var n uint64
+	for _, w := range g.widths[1:] {
+		n += w
+	}
+	return n
+}
+
+// ErrMismatch is a block whose digest is not the one the tree holds for it: tampered,
+// replayed from an older image, or zeroed.
+var ErrMismatch = errors.New("hash tree mismatch")
+
+// Store reads interior nodes. A node never written reads as NodeSize zero bytes.
+type Store interface {
+	ReadNode(level int, index uint64, buf []byte) error
+}
+
+type nodeKey struct {
+	level int
+	index uint64
+}
+
+type node struct {
+	key     nodeKey
+	data    []byte
+	h       Hasher
+	pending int           // Updates whose writes are not yet Written: not evictable
+	elem    *list.Element // in lru while evictable
+}
+
+// Tree verifies leaves against a root and updates it. Verified interior nodes are cached,
+// least recently used out, within a bound; nodes an Update changed stay cached until
+// their write is reported done, so that a node is never read back from the store older
+// than its parent's digest of it. Verify may run concurrently with anything; Update and
+// Written are the committer's and must not overlap each other.
+type Tree struct {
+	geom  Geometry
+	store Store
+
+	mu    sync.Mutex
+	root  Digest
+	nodes map[nodeKey]*node
+	lru   *list.List // evictable nodes, most recent at the front
+	max   int
+	epoch uint64 // counts Written calls: a node read before one may be stale
+	spare [][]byte
+}
+
+// New is the tree with geometry g over store, whose current root is root (the all-zero
+// digest for a tree never written). At most maxNodes nodes stay cached beyond those that
+// pending writes pin (at least one per level).
+func New(g Geometry, store Store, root Digest, maxNodes int) *Tree {
+	return &Tree{
+		geom:  g,
+		store: store,
+		root:  root,
+		nodes: make(map[nodeKey]*node),
+		lru:   list.New(),
+		max:   max(maxNodes, g.Levels()+1),
+	}
+}
+
+// Root is the current root digest.
+func (t *Tree) Root() Digest {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.root
+}
+
+// Geometry is the tree's geometry.
+func (t *Tree) Geometry() Geometry { return t.geom }
+
+// Cached is how many nodes are in memory.
+func (t *Tree) Cached() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.nodes)
+}
+
+func (t *Tree) parentOf(k nodeKey) (nodeKey, int) {
+	return nodeKey{k.level + 1, k.index / Arity}, int(k.index % Arity)
+}
+
+func slotDigest(n *node, slot int) (d Digest) {
+	copy(d[:], n.data[slot*DigestSize:])
+	return d
+}
+
+// Verify checks that leaf index has digest d under the current root. It fails with an
+// error wrapping ErrMismatch when it does not, or when a node on the way does not match
+// its parent.
+func (t *Tree) Verify(index uint64, d Digest) error {
+	if index >= t.geom.Width(0) {
+		return fmt.Errorf("tree: leaf %d of %d", index, t.geom.Width(0))
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n, err := t.nodeLocked(nodeKey{1, index / Arity})
+	if err != nil {
+		return err
+	}
+	t.touch(n)
+	if got := slotDigest(n, int(index%Arity)); got != d {
+		return fmt.Errorf("leaf %d: %w", index, ErrMismatch)
+	}
+	return nil
+}
+
+// nodeLocked returns node k, verified, from the cache or the store. It drops t.mu while
+// it reads the store, and starts again if a Written call in the meantime may have made
+// what it read stale.
+func (t *Tree) nodeLocked(k nodeKey) (*node, error) {
+	for {
+		if n := t.nodes[k]; n != nil {
+			return n, nil
+		}
+		// The path from k up to the lowest cached ancestor (or the top).
+		var missing []nodeKey
+		for p := k; ; {
+			missing = append(missing, p)
+			if p.level == t.geom.Levels() {
+				break
+			}
+			p, _ = t.parentOf(p)
+			if t.nodes[p] != nil {
+				break
+			}
+		}
+		epoch := t.epoch
+		bufs := make([][]byte, len(missing))
+		t.mu.Unlock()
+		var err error
+		for i, m := range missing {
+			bufs[i] = t.getBuf()
+			if err = t.store.ReadNode(m.level, m.index, bufs[i]); err != nil {
+				err = fmt.Errorf("read tree node %d/%d: %w", m.level, m.index, err)
+				break
+			}
+		}
+		t.mu.Lock()
+		if err != nil {
+			return nil, err
+		}
+		// Top down: each read node against its parent's digest of it.
+		stale := false
+		for i := len(missing) - 1; i >= 0; i-- {
+			m := missing[i]
+			if t.nodes[m] != nil { // inserted meanwhile by another reader or the committer
+				continue
+			}
+			n := &node{key: m, data: bufs[i]}
+			n.h.Reset(n.data)
+			want := t.root
+			if m.level < t.geom.Levels() {
+				pk, slot := t.parentOf(m)
+				p := t.nodes[pk]
+				if p == nil { // evicted while the lock was dropped: start again
+					stale = true
+					break
+				}
+				want = slotDigest(p, slot)
+			}
+			if n.h.Digest(m.level, m.index) != want {
+				if t.epoch != epoch {
+					stale = true
+					break
+				}
+				return nil, fmt.Errorf("tree node %d/%d: %w", m.level, m.index, ErrMismatch)
+			}
+			t.insert(n)
+		}
+		if !stale {
+			return t.nodes[k], nil
+		}
+	}
+}
+
+func (t *Tree) getBuf() []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n := len(t.spare); n > 0 {
+		b := t.spare[n-1]
+		t.spare = t.spare[:n-1]
+		return b
+	}
+	return make([]byte, NodeSize)
+}
+
+func (t *Tree) insert(n *node) {
+	t.nodes[n.key] = n
+	n.elem = t.lru.PushFront(n)
+	t.evict(n)
+}
+
+// evict drops least recently used unpinned nodes beyond the bound, never keep.
+func (t *Tree) evict(keep *node) {
+	for len(t.nodes) > t.max {
+		e := t.lru.Back()
+		if e == nil || e.Value.(*node) == keep {
+			break
+		}
+		old := t.lru.Remove(e).(*node)
+		delete(t.nodes, old.key)
+		if len(t.spare) < 8 {
+			t.spare = append(t.spare, old.data)
+		}
+	}
+}
+
+func (t *Tree) touch(n *node) {
+	if n.elem != nil {
+		t.lru.MoveToFront(n.elem)
+	}
+}
+
+// Leaf is a leaf's new digest.
+type Leaf struct {
+	Index  uint64
+	Digest Digest
+}
+
+// NodeWrite is an interior node an Update changed: write Data at (Level, Index).
+type NodeWrite struct {
+	Level int
+	Index uint64
+	Data  []byte // a copy, the caller's to keep
+}
+
+// Commit is what an Update changed: the nodes to write and the new root.
+type Commit struct {
+	Root  Digest
+	Nodes []NodeWrite
+	keys  []nodeKey
+}
+
+// Update sets the digests of leaves and recomputes every node above them, each once, bottom
+// up. The tree holds the new root at once (Verify checks against it); the caller writes
+// the nodes, makes them durable with the root, and then calls Written. Until then the
+// changed nodes stay in memory. On error the tree is unchanged.
+func (t *Tree) Update(leaves []Leaf) (*Commit, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := &Commit{Root: t.root}
+	if len(leaves) == 0 {
+		return c, nil
+	}
+	// Load (and verify) every node that will change before changing any: a failure then
+	// leaves the tree as it was.
+	changed := make(map[nodeKey]bool)
+	for _, l := range leaves {
+		if l.Index >= t.geom.Width(0) {
+			return nil, fmt.Errorf("tree: leaf %d of %d", l.Index, t.geom.Width(0))
+		}
+		for k := (nodeKey{1, l.Index / Arity}); !changed[k]; k, _ = t.parentOf(k) {
+			changed[k] = true
+			if k.level == t.geom.Levels() {
+				break
+			}
+		}
+	}
+	keys := make([]nodeKey, 0, len(changed))
+	for k := range changed {
+		keys = append(keys, k)
+	}
+	// Bottom up, and in index order within a level; loaded top down, so that each node's
+	// parent is there to verify it against.
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].level != keys[j].level {
+			return keys[i].level < keys[j].level
+		}
+		return keys[i].index < keys[j].index
+	})
+	down := append([]nodeKey(nil), keys...)
+	slices.Reverse(down)
+	// Pin each node as it is loaded, so that loading the next cannot evict it.
+	for i, k := range down {
+		n, err := t.nodeLocked(k)
+		if err != nil {
+			for _, p := range down[:i] {
+				t.unpin(t.nodes[p])
+			}
+			return nil, err
+		}
+		t.pin(n)
+	}
+	for _, l := range leaves {
+		n := t.nodes[nodeKey{1, l.Index / Arity}]
+		off := int(l.Index%Arity) * DigestSize
+		copy(n.data[off:], l.Digest[:])
+		n.h.Update(n.data, off, DigestSize)
+	}
+	for _, k := range keys {
+		n := t.nodes[k]
+		d := n.h.Digest(k.level, k.index)
+		if k.level == t.geom.Levels() {
+			t.root = d
+			continue
+		}
+		pk, slot := t.parentOf(k)
+		p := t.nodes[pk]
+		copy(p.data[slot*DigestSize:], d[:])
+		p.h.Update(p.data, slot*DigestSize, DigestSize)
+	}
+	c.Root = t.root
+	c.keys = keys
+	for _, k := range keys {
+		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: append([]byte(nil), t.nodes[k].data...)})
+	}
+	return c, nil
+}
+
+// Written says that c's nodes are durable in the store: they may be evicted again.
+func (t *Tree) Written(c *Commit) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.epoch++
+	for _, k := range c.keys {
+		t.unpin(t.nodes[k])
+	}
+	c.keys = nil
+	t.evict(nil)
+}
+
+func (t *Tree) pin(n *node) {
+	if n.elem != nil {
+		t.lru.Remove(n.elem)
+		n.elem = nil
+	}
+	n.pending++
+}
+
+func (t *Tree) unpin(n *node) {
+	if n.pending--; n.pending == 0 {
+		n.elem = t.lru.PushFront(n)
+	}
+}
