@@ -3,6 +3,8 @@ package blockdev
 import (
 	"fmt"
 	"time"
+
+	"github.com/elidisk/eli/blockdev/internal/tree"
 )
 
 // committer is the one goroutine that commits batches, in order, one at a time. A batch is
@@ -178,29 +180,68 @@ func (a *authEngine) commitRound(refs []ref) error {
 		return nil
 	}
 
-	// 1. The journal, durable before anything is written in place.
-	if err := a.writeJournal(jes); err != nil {
-		return err
+	var tc *tree.Commit
+	if a.tree == nil {
+		// 1. The journal, durable before anything is written in place.
+		if err := a.writeJournal(jes); err != nil {
+			return err
+		}
+		a.patchRound(blocks, jes, nil)
+	} else {
+		// Version 2: the journal carries the root the round produces, so the records
+		// go into the cached blocks first (readers of other sectors of these blocks see
+		// no change; the round's sectors are read from the committing batch), each
+		// block is hashed once over the pieces they touched, and the tree is updated.
+		leaves := a.patchRound(blocks, jes, a.leaves[:0])
+		a.leaves = leaves
+		var err error
+		if tc, err = a.tree.Update(leaves); err != nil {
+			return fmt.Errorf("update hash tree: %w", err)
+		}
+		if err := a.writeJournal2(jes); err != nil {
+			return err
+		}
 	}
 
-	// 2. Data and records in place, in any order; recovery sorts out a crash in here.
-	bi := 0
-	for _, je := range jes {
-		g, j := a.geo.groupOf(je.index)
-		for blocks[bi].g != g {
-			bi++
-		}
-		a.cache.patch(blocks[bi], j, &je.new)
-	}
+	// 2. Data, records and tree nodes in place, in any order; recovery sorts out a crash
+	// in here.
 	if err := a.writeData(written); err != nil {
 		return err
 	}
-	if err := a.writeBlocks(blocks); err != nil {
+	if err := a.writeBlocks(blocks, tc); err != nil {
 		return err
+	}
+	if tc != nil {
+		a.tree.Written(tc)
+		a.setFresh()
 	}
 	a.stats.rounds.Add(1)
 	a.stats.sectors.Add(uint64(len(jes)))
 	return nil
+}
+
+// patchRound puts the round's new records into its pinned blocks. In version 2 it appends
+// to leaves the new digest of every block it changed.
+func (a *authEngine) patchRound(blocks []*mblock, jes []journalEntry, leaves []tree.Leaf) []tree.Leaf {
+	hashed := a.cache.hashed
+	bi := 0
+	touched := false
+	for _, je := range jes {
+		g, j := a.geo.groupOf(je.index)
+		for blocks[bi].g != g {
+			if touched && hashed {
+				leaves = append(leaves, tree.Leaf{Index: blocks[bi].g, Digest: a.cache.digest(blocks[bi])})
+			}
+			bi++
+			touched = false
+		}
+		a.cache.patch(blocks[bi], j, &je.new)
+		touched = true
+	}
+	if touched && hashed {
+		leaves = append(leaves, tree.Leaf{Index: blocks[bi].g, Digest: a.cache.digest(blocks[bi])})
+	}
+	return leaves
 }
 
 // writeJournal seals entries into the journal, writes it and syncs.
@@ -281,12 +322,23 @@ type dataOp struct {
 	data  []byte
 }
 
-// writeBlocks writes metadata blocks in place and syncs: the last step of a commit round
+// writeBlocks writes metadata blocks and the tree nodes of commits (version 2; later
+// commits' nodes after earlier ones') in place and syncs: the last step of a commit round
 // and of recovery.
-func (a *authEngine) writeBlocks(blocks []*mblock) error {
+func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) error {
 	for _, blk := range blocks {
 		if _, err := a.p.WriteAt(blk.data, a.geo.blockPos(blk.g)); err != nil {
 			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
+		}
+	}
+	for _, c := range commits {
+		if c == nil {
+			continue
+		}
+		for _, n := range c.Nodes {
+			if _, err := a.p.WriteAt(n.Data, a.l.NodePos(n.Level, n.Index)); err != nil {
+				return fmt.Errorf("write tree node %d/%d: %w", n.Level, n.Index, err)
+			}
 		}
 	}
 	return a.timedSync()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/elidisk/eli/blockdev/internal/tree"
 	"github.com/elidisk/eli/layout"
 )
 
@@ -27,6 +28,12 @@ type metaCache struct {
 	spare   [][]byte // buffers of evicted blocks, reused by loads
 	loads   uint64   // statistics
 	evicted uint64
+
+	// Format version 2: each block's piece digests are kept (so that a commit rehashes
+	// only the pieces its records touched), and verify checks a block's digest against
+	// the hash tree as it enters the cache. A block that fails is not cached.
+	hashed bool
+	verify func(g uint64, d tree.Digest) error
 }
 
 type mblock struct {
@@ -36,6 +43,7 @@ type mblock struct {
 	loading    chan struct{} // closed when the load finished; nil once loaded
 	err        error         // load error, for waiters
 	prev, next *mblock
+	h          tree.Hasher // piece digests (hashed caches only)
 }
 
 func newMetaCache(blockSize int, maxBytes int64, load func(g uint64, buf []byte) error) *metaCache {
@@ -94,12 +102,18 @@ func (c *metaCache) get(g uint64) (*mblock, error) {
 	c.mu.Unlock()
 
 	err := c.load(g, b.data)
+	if err == nil && c.hashed {
+		b.h.Reset(b.data)
+		if c.verify != nil {
+			err = c.verify(g, b.h.Digest(0, g))
+		}
+	}
 
 	c.mu.Lock()
 	ch := b.loading
 	b.loading = nil
 	if err != nil {
-		b.err = fmt.Errorf("read metadata block of group %d: %w", g, err)
+		b.err = fmt.Errorf("metadata block of group %d: %w", g, err)
 		delete(c.blocks, g)
 		c.n--
 		c.mu.Unlock()
@@ -156,7 +170,17 @@ func (c *metaCache) records(g uint64, j int, dst []byte) error {
 func (c *metaCache) patch(b *mblock, j int, r *record) {
 	c.mu.Lock()
 	copy(b.data[j*layout.RecordSize:], r[:])
+	if c.hashed {
+		b.h.Update(b.data, j*layout.RecordSize, layout.RecordSize)
+	}
 	c.mu.Unlock()
+}
+
+// digest is the digest of a block the caller has pinned (hashed caches only).
+func (c *metaCache) digest(b *mblock) tree.Digest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return b.h.Digest(0, b.g)
 }
 
 // record reads position j of a block the caller has pinned.

@@ -372,3 +372,72 @@ func (t *Tree) unpin(n *node) {
 		n.elem = t.lru.PushFront(n)
 	}
 }
+
+// Recover is the tree whose interior nodes are those the store holds now, with the leaves'
+// digests set: every node on their paths is read without verification, patched, and hashed
+// up to a root. It is for crash recovery, where the nodes on the paths of the interrupted
+// commit may be old, new or torn on disk while every other slot of theirs is the same in
+// both versions: so the recomputed root is the journal's root exactly when nothing else
+// changed. The caller compares Root with the root it trusts before it keeps anything.
+//
+// The path nodes stay cached and pinned until Written(c); with no leaves, only the top
+// node is read, and c has nothing to write.
+func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Commit, error) {
+	t := New(g, store, Digest{}, maxNodes)
+	top := nodeKey{g.Levels(), 0}
+	changed := map[nodeKey]bool{top: true}
+	for _, l := range leaves {
+		if l.Index >= g.Width(0) {
+			return nil, nil, fmt.Errorf("tree: leaf %d of %d", l.Index, g.Width(0))
+		}
+		for k := (nodeKey{1, l.Index / Arity}); !changed[k]; k, _ = t.parentOf(k) {
+			changed[k] = true
+		}
+	}
+	keys := make([]nodeKey, 0, len(changed))
+	for k := range changed {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].level != keys[j].level {
+			return keys[i].level < keys[j].level
+		}
+		return keys[i].index < keys[j].index
+	})
+	for _, k := range keys {
+		n := &node{key: k, data: make([]byte, NodeSize)}
+		if err := store.ReadNode(k.level, k.index, n.data); err != nil {
+			return nil, nil, fmt.Errorf("read tree node %d/%d: %w", k.level, k.index, err)
+		}
+		n.h.Reset(n.data)
+		t.nodes[k] = n
+	}
+	for _, l := range leaves {
+		n := t.nodes[nodeKey{1, l.Index / Arity}]
+		off := int(l.Index%Arity) * DigestSize
+		copy(n.data[off:], l.Digest[:])
+		n.h.Update(n.data, off, DigestSize)
+	}
+	c := &Commit{}
+	for _, k := range keys {
+		n := t.nodes[k]
+		d := n.h.Digest(k.level, k.index)
+		if k == top {
+			t.root = d
+		} else {
+			pk, slot := t.parentOf(k)
+			p := t.nodes[pk]
+			copy(p.data[slot*DigestSize:], d[:])
+			p.h.Update(p.data, slot*DigestSize, DigestSize)
+		}
+		if len(leaves) == 0 {
+			n.elem = t.lru.PushFront(n)
+			continue
+		}
+		n.pending = 1
+		c.keys = append(c.keys, k)
+		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: append([]byte(nil), n.data...)})
+	}
+	c.Root = t.root
+	return t, c, nil
+}
