@@ -3,7 +3,6 @@ package blockdev
 import (
 	"fmt"
 
-	"github.com/elidisk/eli/blockdev/internal/tree"
 	"github.com/elidisk/eli/layout"
 
 	"github.com/elidisk/eli/provider"
@@ -60,7 +59,7 @@ func Format(p provider.Provider, l Layout) error {
 	}
 	if l.Tree() {
 		// Version 2: zero tree nodes, which make the zero root.
-		geom := tree.NewGeometry(l.Groups())
+		geom := treeGeometry(l)
 		for level := 1; level <= geom.Levels(); level++ {
 			for k := range geom.Width(level) {
 				if err := zero(l.NodePos(level, k), layout.NodeSize); err != nil {

@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/elidisk/eli/blockdev/internal/tree"
+	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -26,6 +27,13 @@ var (
 	// a whole-provider rollback, or another copy of the volume.
 	ErrRolledBack = errors.New("provider is older than its witness")
 )
+
+// treeGeometry is the shape of a version 2 volume's tree: layout.TreeDepth levels however
+// few its groups, so that growing the volume adds leaves (zero, never written) and nodes
+// (zero, in the new area) and changes neither the root nor any node's place.
+func treeGeometry(l Layout) tree.Geometry {
+	return tree.NewFixedGeometry(l.Groups(), layout.TreeDepth)
+}
 
 // nodeStore reads tree nodes from their places in the data area.
 type nodeStore struct{ a *authEngine }
@@ -126,7 +134,7 @@ func (a *authEngine) recover2(minGen uint64) error {
 	default:
 		a.rec = Recovery{Journal: "replayed", Sectors: len(cur.entries), InMemory: a.ro}
 	}
-	geom := tree.NewGeometry(a.l.Groups())
+	geom := treeGeometry(a.l)
 	maxNodes := treeNodesFor(a.cache.capacity())
 	if len(cur.entries) == 0 {
 		t, _, err := tree.Recover(geom, nodeStore{a}, nil, maxNodes)

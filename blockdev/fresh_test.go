@@ -12,7 +12,8 @@ import (
 )
 
 // freshVols are the two states of one format version 2 volume of 512-byte sectors over
-// 130 groups (a tree of two levels: level-1 nodes 0 and 1 under the top node): old, with
+// 130 groups (level-1 nodes 0 and 1 under level-2 node 0, then single nodes up to the top
+// at level 7): old, with
 // every sector written, and cur, after every sector of groups 0 to 2 and 127 to 129 was
 // written again. Attacks take pieces of old and put them into cur.
 type freshVols struct {
@@ -111,16 +112,19 @@ func TestFreshnessAttacks(t *testing.T) {
 			copy(node(img, 1, 1), node(f.old, 1, 1))
 			copy(block(img, 128), block(f.old, 128))
 		}, false, groupsOf(128, 130)},
-		{"zero the top node", func(img []byte) { clear(node(img, 2, 0)) }, true, nil},
-		{"replay the top node", func(img []byte) { copy(node(img, 2, 0), node(f.old, 2, 0)) }, true, nil},
+		{"zero a level-2 node", func(img []byte) { clear(node(img, 2, 0)) }, false, groupsOf(0, 130)},
+		{"replay a level-2 node", func(img []byte) { copy(node(img, 2, 0), node(f.old, 2, 0)) }, false, groupsOf(0, 130)},
+		{"zero the top node", func(img []byte) { clear(node(img, layout.TreeDepth, 0)) }, true, nil},
+		{"replay the top node", func(img []byte) { copy(node(img, layout.TreeDepth, 0), node(f.old, layout.TreeDepth, 0)) }, true, nil},
 		{"replay the journal", func(img []byte) {
 			copy(img[l.JournalOffset():l.DataOffset], f.old[l.JournalOffset():l.DataOffset])
 		}, true, nil},
 		{"zero the journal", func(img []byte) { clear(img[l.JournalOffset():l.DataOffset]) }, true, nil},
 		{"replay the journal and the tree", func(img []byte) {
 			copy(img[l.JournalOffset():l.DataOffset], f.old[l.JournalOffset():l.DataOffset])
-			copy(node(img, 2, 0), node(f.old, 2, 0))
-			copy(node(img, 1, 0), node(f.old, 1, 0))
+			for level := 1; level <= layout.TreeDepth; level++ {
+				copy(node(img, level, 0), node(f.old, level, 0))
+			}
 			copy(node(img, 1, 1), node(f.old, 1, 1))
 		}, false, []uint64{0, 1, 2, 127, 128, 129}},
 	}
@@ -346,5 +350,68 @@ func TestFreshnessReadOnlyRecovery(t *testing.T) {
 	}
 	if !bytes.Equal(p.data, img) {
 		t.Error("a read-only attach wrote the provider")
+	}
+}
+
+// TestFreshnessGrow: a version 2 volume grown as `eli resize` grows it (the provider
+// extended, the area past the old data area zero, the header's sector count raised) keeps
+// its root and generation, reads its data, reads the new sectors as zeroes, and takes
+// writes there, across a level-1 node that did not exist before.
+func TestFreshnessGrow(t *testing.T) {
+	t.Parallel()
+	v := newTestVolVersion(t, layout.Version2, sector.ModeXChaCha20Poly1305, 512, 102*100)
+	d := v.open(t)
+	plain := make([]byte, 102*100*512)
+	for k := range plain {
+		plain[k] = byte(k ^ k>>9)
+	}
+	if err := d.WriteAt(plain, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f0, _, _ := PeekFreshness(v.mem, v.l)
+	grown, size := layoutForVersion(t, layout.Version2, sector.ModeXChaCha20Poly1305, 512, 102*300, layout.Align)
+	if grown.DataOffset != v.l.DataOffset {
+		t.Fatal("layouts differ")
+	}
+	mem := newMem(size)
+	copy(mem.data, v.mem.data[:v.l.End()])
+	cfg := v.cfg
+	cfg.Layout = grown
+	cfg.MinGeneration = f0.Generation
+	d, err := Open(mem, cfg)
+	if err != nil {
+		t.Fatalf("open grown: %v", err)
+	}
+	if f, _ := d.Freshness(); f != f0 {
+		t.Errorf("grown volume freshness %+v, was %+v", f, f0)
+	}
+	got := make([]byte, d.Size())
+	if err := d.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:len(plain)], plain) || !bytes.Equal(got[len(plain):], make([]byte, len(got)-len(plain))) {
+		t.Fatal("grown volume reads other data")
+	}
+	tail := bytes.Repeat([]byte("grown"), 40000)
+	if err := d.WriteAt(tail, int64(len(plain))-1000, FUA); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d = func() *Device {
+		d, err := Open(mem, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}()
+	defer d.Close()
+	back := make([]byte, len(tail))
+	if err := d.ReadAt(back, int64(len(plain))-1000); err != nil || !bytes.Equal(back, tail) {
+		t.Fatalf("write across the old end: %v", err)
 	}
 }

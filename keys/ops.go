@@ -241,12 +241,6 @@ func Resize(p provider.Provider, mk *MasterKey, sectors uint64) error {
 	if err := h.Verify(mk); err != nil {
 		return err
 	}
-	if h.Layout.Tree() {
-		// The hash tree's top levels follow the number of groups; growing it is not
-		// written yet, and a header that says more sectors than the tree covers would
-		// serve its new sectors unauthenticated.
-		return newError(ErrLayout, "resizing a format version 2 volume is not supported yet")
-	}
 	if sectors < h.Sectors {
 		return newError(ErrLayout, "refusing to shrink the volume from %d to %d sectors", h.Sectors, sectors)
 	}

@@ -38,8 +38,13 @@ func TestVersion2(t *testing.T) {
 		t.Errorf("dump does not say version 2:\n%s", h.Dump())
 	}
 	mustUnlock(t, p, pass("pw"), 0, mk)
-	if err := Resize(p, mk, l.Sectors+1); !errors.Is(err, ErrLayout) {
-		t.Errorf("Resize of a version 2 volume: %v, want ErrLayout", err)
+	// Growing keeps the version (the tree's shape does not depend on the size).
+	p.grow(2 * testSize)
+	if err := Resize(p, mk, l.Sectors+100); err != nil {
+		t.Fatalf("Resize of a version 2 volume: %v", err)
+	}
+	if h := mustRead(t, p); h.Version != 2 || !h.Layout.Tree() || h.Sectors != l.Sectors+100 {
+		t.Errorf("after Resize: version %d, %d sectors", h.Version, h.Sectors)
 	}
 }
 

@@ -29,6 +29,25 @@ func NewGeometry(leaves uint64) Geometry {
 	return Geometry{widths: w}
 }
 
+// NewFixedGeometry is the geometry of a tree over leaves ≥ 1 leaves with exactly levels
+// interior levels, the top one a single node, however few the leaves: a tree that keeps
+// its shape, and its root, when leaves are added (their digests zero). It panics if
+// Arity^levels leaves do not cover leaves.
+func NewFixedGeometry(leaves uint64, levels int) Geometry {
+	if leaves == 0 || levels < 1 {
+		panic("tree: no leaves or no levels")
+	}
+	w := []uint64{leaves}
+	for range levels {
+		prev := w[len(w)-1]
+		w = append(w, (prev+Arity-1)/Arity)
+	}
+	if w[len(w)-1] != 1 {
+		panic("tree: too many leaves for the levels")
+	}
+	return Geometry{widths: w}
+}
+
 // Levels is the number of interior levels; the top node is at level Levels().
 func (g Geometry) Levels() int { return len(g.widths) - 1 }
 

@@ -513,3 +513,33 @@ func TestRecover(t *testing.T) {
 		t.Errorf("leaf under a changed node: %v, want ErrMismatch", err)
 	}
 }
+
+// TestFixedGeometry: a fixed-depth tree keeps its root when leaves with zero digests are
+// added, which is what lets a volume grow without touching its tree.
+func TestFixedGeometry(t *testing.T) {
+	t.Parallel()
+	g := NewFixedGeometry(300, 4)
+	if g.Levels() != 4 || g.Width(1) != 3 || g.Width(2) != 1 || g.Width(4) != 1 {
+		t.Fatalf("widths %v", g.widths)
+	}
+	s := newMemStore()
+	tr := New(g, s, Digest{}, 100)
+	rng := rand.New(rand.NewPCG(9, 9))
+	leaves := []Leaf{{0, randDigest(rng)}, {299, randDigest(rng)}, {130, randDigest(rng)}}
+	root := commit(t, tr, s, leaves)
+	grown := New(NewFixedGeometry(128*128*3, 4), s, root, 100)
+	for _, l := range leaves {
+		if err := grown.Verify(l.Index, l.Digest); err != nil {
+			t.Fatalf("leaf %d in the grown tree: %v", l.Index, err)
+		}
+	}
+	if err := grown.Verify(128*128*2+5, Digest{}); err != nil {
+		t.Fatalf("new leaf in the grown tree: %v", err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("NewFixedGeometry accepted more leaves than its levels hold")
+		}
+	}()
+	NewFixedGeometry(128*128+1, 2)
+}
