@@ -210,8 +210,7 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 		step("done (%s has no integrity, so the tampering step is skipped)", h.Mode)
 		return nil
 	}
-	// Sector 2 is the first data sector of group 0 after sectors 0 and 1.
-	off := l.DataOffset + int64(l.MetaBlockSize()) + 2*int64(l.SectorSize) + 100
+	off := l.DataPos(2) + 100
 	step("flip one byte of the provider at offset %d (inside sector 2), attach, read", off)
 	if err := flipByte(img, off); err != nil {
 		return err
