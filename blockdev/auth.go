@@ -43,8 +43,11 @@ type authEngine struct {
 	rec         Recovery
 
 	// Format version 2 (fresh.go): the hash tree (nil in version 1), set by recovery.
-	tree      *tree.Tree
-	onFlushed func(gen uint64, root [32]byte)
+	tree        *tree.Tree
+	onFlushed   func(gen uint64, root [32]byte)
+	reportMu    sync.Mutex // serializes onFlushed calls
+	reported    uint64     // the newest generation reported
+	reportedAny bool
 
 	mu         sync.Mutex
 	cond       sync.Cond // commit finished, batch swapped, or failure

@@ -86,7 +86,9 @@ type Config struct {
 	MinGeneration uint64
 	// OnFlushed (format version 2) is called after each completed Flush, and by Close,
 	// with the generation and root of the hash tree that are durable then, for a witness
-	// to record. It runs on the flushing request's goroutine; it must not call the Device.
+	// to record. It runs on the flushing request's goroutine, one call at a time, and only
+	// when the generation is newer than the last one reported (concurrent flushes may
+	// share a report); the Flush returns after it. It must not call the Device.
 	OnFlushed func(gen uint64, root [32]byte)
 
 	// rand replaces crypto/rand for journal nonces: tests that write golden volumes.

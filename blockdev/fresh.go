@@ -91,14 +91,21 @@ func (a *authEngine) setFresh() {
 	a.mu.Unlock()
 }
 
-// reportFresh tells Config.OnFlushed the durable generation and root.
+// reportFresh tells Config.OnFlushed the durable generation and root. Flushes finish
+// concurrently: the calls are serialized, and a generation already reported is not
+// reported again, so a witness never sees one go backwards.
 func (a *authEngine) reportFresh() {
 	if a.onFlushed == nil {
 		return
 	}
-	if f, ok := a.freshness(); ok {
-		a.onFlushed(f.Generation, f.Root)
+	a.reportMu.Lock()
+	defer a.reportMu.Unlock()
+	f, ok := a.freshness()
+	if !ok || (a.reportedAny && f.Generation <= a.reported) {
+		return
 	}
+	a.reported, a.reportedAny = f.Generation, true
+	a.onFlushed(f.Generation, f.Root)
 }
 
 // recover2 is recovery for format version 2 (docs/format.md, "Recovery, version 2"):

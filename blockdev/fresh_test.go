@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -413,5 +414,60 @@ func TestFreshnessGrow(t *testing.T) {
 	back := make([]byte, len(tail))
 	if err := d.ReadAt(back, int64(len(plain))-1000); err != nil || !bytes.Equal(back, tail) {
 		t.Fatalf("write across the old end: %v", err)
+	}
+}
+
+// TestOnFlushedConcurrent: flushes from many goroutines report generations that only grow,
+// one call at a time, and each Flush returns after a report at least as new as its data.
+func TestOnFlushedConcurrent(t *testing.T) {
+	t.Parallel()
+	v := newTestVolVersion(t, layout.Version2, sector.ModeXChaCha20Poly1305, 4096, 2000)
+	var mu sync.Mutex
+	var last uint64
+	inCall := false
+	v.cfg.OnFlushed = func(gen uint64, _ [32]byte) {
+		mu.Lock()
+		if inCall {
+			t.Error("OnFlushed calls overlap")
+		}
+		if gen <= last {
+			t.Errorf("generation %d reported after %d", gen, last)
+		}
+		last, inCall = gen, true
+		mu.Unlock()
+		mu.Lock()
+		inCall = false
+		mu.Unlock()
+	}
+	d := v.open(t)
+	var wg sync.WaitGroup
+	for c := range 8 {
+		wg.Go(func() {
+			buf := bytes.Repeat([]byte{byte(c)}, 4096)
+			for k := range 40 {
+				if err := d.WriteAt(buf, int64(c*200+k)*4096, 0); err != nil {
+					t.Error(err)
+					return
+				}
+				if err := d.Flush(); err != nil {
+					t.Error(err)
+					return
+				}
+				f, _ := d.Freshness()
+				mu.Lock()
+				if last < f.Generation && f.Generation > 0 && last == 0 {
+					t.Errorf("flush returned before any report")
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, _, _ := PeekFreshness(v.mem, v.l)
+	if last != f.Generation {
+		t.Errorf("last report %d, provider at %d", last, f.Generation)
 	}
 }
