@@ -318,3 +318,134 @@ func BenchmarkOpen16T(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkVersionsAlternating is BenchmarkFormatVersions with both devices open at once
+// and driven in alternating bursts (v1, then v2, then v1...), so that a change of load on
+// a shared machine hits both sides of the ratio alike. One op is a burst of each:
+// 64 MiB sequential, or 8192 random 4 KiB requests. Metrics: v1 and v2 throughput and
+// v2/v1, the ratio the issue bounds (sequential within 10%, random write within 15%,
+// random read within 10%).
+func BenchmarkVersionsAlternating(b *testing.B) {
+	const volSize = 1 << 30
+	for _, work := range []string{"seq-write", "seq-read", "rand-write", "rand-read"} {
+		b.Run(work, func(b *testing.B) {
+			cfg := Config{}
+			if work == "rand-read" {
+				cfg.CacheBytes = 4 << 20
+			}
+			var runs [2]func() (time.Duration, int64)
+			for k, version := range []uint32{0, layout.Version2} {
+				d := benchDeviceVersion(b, benchDir(b), volSize, version, cfg)
+				defer d.Close()
+				runs[k] = versionBurst(b, d, work)
+			}
+			var took [2]time.Duration
+			var done [2]int64
+			for b.Loop() {
+				for k := range runs {
+					t, n := runs[k]()
+					took[k] += t
+					done[k] += n
+				}
+			}
+			unit, scale := "MB/s", 1e6
+			if work == "rand-write" || work == "rand-read" {
+				unit, scale = "kIOPS", 4096*1e3
+			}
+			v1 := float64(done[0]) / took[0].Seconds() / scale
+			v2 := float64(done[1]) / took[1].Seconds() / scale
+			b.ReportMetric(v1, "v1-"+unit)
+			b.ReportMetric(v2, "v2-"+unit)
+			b.ReportMetric(v2/v1, "v2/v1")
+		})
+	}
+}
+
+// versionBurst prepares d for work and returns a function that runs one burst and
+// reports its time and bytes.
+func versionBurst(b *testing.B, d *Device, work string) func() (time.Duration, int64) {
+	const req = 1 << 20
+	big := make([]byte, req)
+	crand.Read(big)
+	n := d.Size() / req
+	if work == "seq-read" || work == "rand-read" {
+		for k := range n {
+			if err := d.WriteAt(big, k*req, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := d.Flush(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sectors := d.Size() / 4096
+	var pos atomic.Int64
+	parallel := func(clients int, count int64, op func(c int, i int64) error) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for c := range clients {
+			wg.Go(func() {
+				for {
+					i := next.Add(1) - 1
+					if i >= count {
+						return
+					}
+					if err := op(c, i); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if work == "seq-write" || work == "seq-read" {
+		bufs := make([][]byte, 4)
+		for q := range bufs {
+			bufs[q] = append([]byte(nil), big...)
+		}
+		return func() (time.Duration, int64) {
+			const count = 64
+			base := pos.Add(count) - count
+			start := time.Now()
+			parallel(4, count, func(c int, i int64) error {
+				off := (base + i) % n * req
+				if work == "seq-read" {
+					return d.ReadAt(bufs[c], off)
+				}
+				return d.WriteAt(bufs[c], off, 0)
+			})
+			if work == "seq-write" {
+				if err := d.Flush(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			return time.Since(start), count * req
+		}
+	}
+	const clients = 32
+	bufs := make([][]byte, clients)
+	rngs := make([]*rand.Rand, clients)
+	for c := range bufs {
+		bufs[c] = make([]byte, 4096)
+		rngs[c] = rand.New(rand.NewPCG(uint64(c), 7))
+	}
+	return func() (time.Duration, int64) {
+		const count = 8192
+		start := time.Now()
+		parallel(clients, count, func(c int, i int64) error {
+			off := rngs[c].Int64N(sectors) * 4096
+			if work == "rand-read" {
+				return d.ReadAt(bufs[c], off)
+			}
+			if err := d.WriteAt(bufs[c], off, 0); err != nil {
+				return err
+			}
+			if i%64 == 63 {
+				return d.Flush()
+			}
+			return nil
+		})
+		return time.Since(start), count * 4096
+	}
+}
