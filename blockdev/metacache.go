@@ -2,6 +2,7 @@ package blockdev
 
 import (
 	"fmt"
+	"math/bits"
 	"sync"
 
 	"github.com/elidisk/eli/blockdev/internal/tree"
@@ -44,6 +45,7 @@ type mblock struct {
 	err        error         // load error, for waiters
 	prev, next *mblock
 	h          tree.Hasher // piece digests (hashed caches only)
+	dirty      [2]uint64   // pieces patched since h last saw them (a block has at most 128)
 }
 
 func newMetaCache(blockSize int, maxBytes int64, load func(g uint64, buf []byte) error) *metaCache {
@@ -169,9 +171,14 @@ func (c *metaCache) records(g uint64, j int, dst []byte) error {
 // patch sets the record at position j of a block the caller has pinned.
 func (c *metaCache) patch(b *mblock, j int, r *record) {
 	c.mu.Lock()
-	copy(b.data[j*layout.RecordSize:], r[:])
+	off := j * layout.RecordSize
+	copy(b.data[off:], r[:])
 	if c.hashed {
-		b.h.Update(b.data, j*layout.RecordSize, layout.RecordSize)
+		// Rehashed once per round by digest, not once per record: a sequential write
+		// patches every record of a block.
+		for p := off / tree.PieceSize; p <= (off+layout.RecordSize-1)/tree.PieceSize; p++ {
+			b.dirty[p/64] |= 1 << (p % 64)
+		}
 	}
 	c.mu.Unlock()
 }
@@ -180,6 +187,13 @@ func (c *metaCache) patch(b *mblock, j int, r *record) {
 func (c *metaCache) digest(b *mblock) tree.Digest {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for w := range b.dirty {
+		for m := b.dirty[w]; m != 0; m &= m - 1 {
+			p := w*64 + bits.TrailingZeros64(m)
+			b.h.Update(b.data, p*tree.PieceSize, tree.PieceSize)
+		}
+		b.dirty[w] = 0
+	}
 	return b.h.Digest(0, b.g)
 }
 
