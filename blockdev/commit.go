@@ -1,8 +1,12 @@
 package blockdev
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
+
+	"github.com/elidisk/eli/layout"
 
 	"github.com/elidisk/eli/blockdev/internal/tree"
 )
@@ -331,15 +335,53 @@ func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) erro
 			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
 		}
 	}
+	if err := a.writeNodes(commits); err != nil {
+		return err
+	}
+	return a.timedSync()
+}
+
+// writeNodes writes the tree nodes of commits in place, a later commit's version of a node
+// over an earlier one's, and nodes that lie next to each other (the first node of every
+// level, at the start of the data area) in one write.
+func (a *authEngine) writeNodes(commits []*tree.Commit) error {
+	type nodeOp struct {
+		pos  int64
+		data []byte
+	}
+	ops := make([]nodeOp, 0, 16)
+	seen := make(map[int64]int)
 	for _, c := range commits {
 		if c == nil {
 			continue
 		}
 		for _, n := range c.Nodes {
-			if _, err := a.p.WriteAt(n.Data, a.l.NodePos(n.Level, n.Index)); err != nil {
-				return fmt.Errorf("write tree node %d/%d: %w", n.Level, n.Index, err)
+			pos := a.l.NodePos(n.Level, n.Index)
+			if k, ok := seen[pos]; ok {
+				ops[k].data = n.Data
+				continue
 			}
+			seen[pos] = len(ops)
+			ops = append(ops, nodeOp{pos, n.Data})
 		}
 	}
-	return a.timedSync()
+	slices.SortFunc(ops, func(x, y nodeOp) int { return cmp.Compare(x.pos, y.pos) })
+	for x := 0; x < len(ops); {
+		y := x + 1
+		for y < len(ops) && ops[y].pos == ops[y-1].pos+layout.NodeSize {
+			y++
+		}
+		buf := ops[x].data
+		if y-x > 1 {
+			buf = make([]byte, 0, (y-x)*layout.NodeSize)
+			for _, op := range ops[x:y] {
+				buf = append(buf, op.data...)
+			}
+		}
+		if _, err := a.p.WriteAt(buf, ops[x].pos); err != nil {
+			return fmt.Errorf("write tree nodes at %d: %w", ops[x].pos, err)
+		}
+		x = y
+	}
+	return nil
 }
