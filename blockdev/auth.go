@@ -48,6 +48,8 @@ type authEngine struct {
 	reportMu    sync.Mutex // serializes onFlushed calls
 	reported    uint64     // the newest generation reported
 	reportedAny bool
+	mismatchMu  sync.Mutex
+	mismatched  map[uint64]bool // groups whose mismatch was logged
 
 	mu         sync.Mutex
 	cond       sync.Cond // commit finished, batch swapped, or failure

@@ -55,12 +55,31 @@ func (a *authEngine) verifyBlock(g uint64, d tree.Digest) error {
 	}
 	if err := a.tree.Verify(g, d); err != nil {
 		if errors.Is(err, tree.ErrMismatch) {
-			a.log.Error("metadata block does not match the hash tree", "group", g, "err", err)
+			if a.firstMismatch(g) {
+				a.log.Error("metadata block does not match the hash tree", "group", g, "err", err)
+			}
 			return fmt.Errorf("%w (%v)", ErrFreshness, err)
 		}
 		return err
 	}
 	return nil
+}
+
+// firstMismatch reports whether group g's mismatch is new, so that each is logged once
+// however often it is read (up to a bound, past which every one is logged).
+func (a *authEngine) firstMismatch(g uint64) bool {
+	a.mismatchMu.Lock()
+	defer a.mismatchMu.Unlock()
+	if a.mismatched == nil {
+		a.mismatched = make(map[uint64]bool)
+	}
+	if a.mismatched[g] {
+		return false
+	}
+	if len(a.mismatched) < 4096 {
+		a.mismatched[g] = true
+	}
+	return true
 }
 
 // applyOverrides puts the records that a read-only recovery kept in memory into a block

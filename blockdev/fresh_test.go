@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -153,6 +155,8 @@ func TestFreshnessAttacks(t *testing.T) {
 			for _, g := range tc.groups {
 				bad[g] = true
 			}
+			var logged atomic.Int64
+			authOf(d).log = slog.New(countHandler{"does not match the hash tree", &logged})
 			buf := make([]byte, 512)
 			for k := uint64(0); k < freshSectors; k++ {
 				err := d.ReadAt(buf, int64(k)*512)
@@ -166,6 +170,10 @@ func TestFreshnessAttacks(t *testing.T) {
 				if err != nil || !bytes.Equal(buf, f.newPlain[k*512:(k+1)*512]) {
 					t.Fatalf("untouched sector %d (group %d): %v", k, g, err)
 				}
+			}
+			// Each failing group is logged once, however many of its sectors were read.
+			if got := logged.Load(); got != int64(len(tc.groups)) {
+				t.Errorf("%d log lines for %d failing groups", got, len(tc.groups))
 			}
 		})
 	}
