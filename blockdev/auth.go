@@ -77,6 +77,7 @@ type authEngine struct {
 	written  []ref // the sectors of jentries
 	blocks   []*mblock
 	leaves   []tree.Leaf
+	nodeBuf  []byte // adjacent tree nodes, written as one
 }
 
 // openAuthenticated runs recovery from the journal and starts the committer (unless the

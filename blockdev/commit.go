@@ -373,10 +373,11 @@ func (a *authEngine) writeNodes(commits []*tree.Commit) error {
 		}
 		buf := ops[x].data
 		if y-x > 1 {
-			buf = make([]byte, 0, (y-x)*layout.NodeSize)
+			buf = a.nodeBuf[:0]
 			for _, op := range ops[x:y] {
 				buf = append(buf, op.data...)
 			}
+			a.nodeBuf = buf
 		}
 		if _, err := a.p.WriteAt(buf, ops[x].pos); err != nil {
 			return fmt.Errorf("write tree nodes at %d: %w", ops[x].pos, err)

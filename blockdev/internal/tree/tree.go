@@ -280,7 +280,10 @@ type Leaf struct {
 type NodeWrite struct {
 	Level int
 	Index uint64
-	Data  []byte // a copy, the caller's to keep
+	// Data is the cached node itself, pinned: the caller reads it (to write it) and
+	// never changes it. It holds the node's newest content until Written, so it is not a
+	// snapshot: a later Update before Written changes it (and writes it again).
+	Data []byte
 }
 
 // Commit is what an Update changed: the nodes to write and the new root.
@@ -361,7 +364,7 @@ func (t *Tree) Update(leaves []Leaf) (*Commit, error) {
 	c.Root = t.root
 	c.keys = keys
 	for _, k := range keys {
-		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: append([]byte(nil), t.nodes[k].data...)})
+		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: t.nodes[k].data})
 	}
 	return c, nil
 }
@@ -455,7 +458,7 @@ func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Comm
 		}
 		n.pending = 1
 		c.keys = append(c.keys, k)
-		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: append([]byte(nil), n.data...)})
+		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: n.data})
 	}
 	c.Root = t.root
 	return t, c, nil
