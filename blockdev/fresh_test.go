@@ -123,6 +123,18 @@ func TestFreshnessAttacks(t *testing.T) {
 			copy(img[l.JournalOffset():l.DataOffset], f.old[l.JournalOffset():l.DataOffset])
 		}, true, nil},
 		{"zero the journal", func(img []byte) { clear(img[l.JournalOffset():l.DataOffset]) }, true, nil},
+		{"damage the newest journal slot", func(img []byte) {
+			// The newest slot is Close's, with no entries and the root of the last round,
+			// which the previous slot also holds: that one opens, matches, and every sector
+			// reads its current value (one generation lower: a witness would refuse it).
+			fr, _, _ := PeekFreshness(&memProvider{data: img}, l)
+			img[l.JournalSlotOffset(int(fr.Generation%2))+journal2HeaderLen+3] ^= 1
+		}, false, nil},
+		{"put back the older journal slot over the newest", func(img []byte) {
+			fr, _, _ := PeekFreshness(&memProvider{data: img}, l)
+			newest, other := l.JournalSlotOffset(int(fr.Generation%2)), l.JournalSlotOffset(int(1-fr.Generation%2))
+			copy(img[newest:newest+l.JournalSlotLen()], img[other:other+l.JournalSlotLen()])
+		}, true, nil},
 		{"replay the journal and the tree", func(img []byte) {
 			copy(img[l.JournalOffset():l.DataOffset], f.old[l.JournalOffset():l.DataOffset])
 			for level := 1; level <= layout.TreeDepth; level++ {
@@ -517,5 +529,34 @@ func TestFreshnessWriteToTamperedGroup(t *testing.T) {
 	}
 	if err := d.ReadAt(buf, 3*102*512); err != nil || !bytes.Equal(buf, plain[:512]) {
 		t.Fatalf("another group after reattach: %v", err)
+	}
+}
+
+// TestFreshnessDamagedNewestSlot: on a provider left after a flush (no clean close), the
+// newest journal slot holds the last round; with it damaged, the previous slot looks
+// current, but the tree on disk is newer than that slot's root: Open is refused.
+func TestFreshnessDamagedNewestSlot(t *testing.T) {
+	t.Parallel()
+	v := newTestVolVersion(t, layout.Version2, sector.ModeXChaCha20Poly1305, 4096, 500)
+	d := v.open(t)
+	for k := range 3 {
+		if err := d.WriteAt(bytes.Repeat([]byte{byte(k + 1)}, 4096), int64(k)*4096*150, FUA); err != nil {
+			t.Fatal(err)
+		}
+	}
+	img := v.mem.snapshot()
+	d.Close()
+	fr, ok, err := PeekFreshness(&memProvider{data: img}, v.l)
+	if err != nil || !ok || fr.Generation != 3 {
+		t.Fatalf("freshness %+v %v %v, want generation 3", fr, ok, err)
+	}
+	img[v.l.JournalSlotOffset(int(fr.Generation%2))+journal2HeaderLen+3] ^= 1
+	cfg := v.cfg
+	cfg.Logger = discardLogger()
+	if d, err := Open(&memProvider{data: img}, cfg); !errors.Is(err, ErrFreshness) {
+		if err == nil {
+			d.Close()
+		}
+		t.Fatalf("Open with the newest slot damaged: %v, want ErrFreshness", err)
 	}
 }

@@ -257,7 +257,7 @@ func (j *journal) readSlot(r io.ReaderAt, k int, sectors uint64) (slotState, err
 		return slotState{}, fmt.Errorf("journal slot %d: reserved bytes are not zero", k)
 	}
 	if gen == 0 || gen%2 != uint64(k) {
-		return slotState{}, fmt.Errorf("journal slot %d holds generation %d, which belongs in slot %d", k, gen, gen%2)
+		return slotState{}, fmt.Errorf("%w: journal slot %d holds generation %d, which belongs in slot %d", ErrFreshness, k, gen, gen%2)
 	}
 	entries, err := decodeEntries(plain, int(count), gen, sectors)
 	if err != nil {
