@@ -10,8 +10,8 @@ import (
 	"github.com/elidisk/eli/sector"
 )
 
-// Freshness in format version 2 (docs/design.md, "Freshness"; docs/format.md, "Format
-// version 2"): a hash tree over the metadata blocks, whose root the journal carries with a
+// Freshness in format version 2 (docs/format.md, "Format version 2"; docs/design.md,
+// "Where the design goes next"): a hash tree over the metadata blocks, whose root the journal carries with a
 // generation that only grows. A metadata block enters the metadata cache only if its
 // digest is the one the tree holds for it; a commit updates the tree once per round and
 // writes the round's nodes with its records; recovery checks the tree on disk against the
@@ -127,7 +127,7 @@ func (a *authEngine) reportFresh() {
 	a.onFlushed(f.Generation, f.Root)
 }
 
-// recover2 is recovery for format version 2 (docs/format.md, "Recovery, version 2"):
+// recover2 is recovery for format version 2 (docs/format.md, "Format version 2", "Journal"):
 //
 //  1. the newest journal slot that opens gives the generation, the root and the last
 //     round's entries; a generation below Config.MinGeneration refuses the attach;
