@@ -126,6 +126,7 @@ func (a *authEngine) open(cfg Config) error {
 		a.cache.verify = a.verifyBlock
 		a.onFlushed = cfg.OnFlushed
 	} else if cfg.MinGeneration > 0 {
+		a.jrnl.wipe()
 		return fmt.Errorf("open device: a minimum generation (%d) was given, but a format version 1 volume has no generation", cfg.MinGeneration)
 	}
 	// A round pins its metadata blocks, so it may use half of the cache; the other half

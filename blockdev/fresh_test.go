@@ -560,3 +560,18 @@ func TestFreshnessDamagedNewestSlot(t *testing.T) {
 		t.Fatalf("Open with the newest slot damaged: %v, want ErrFreshness", err)
 	}
 }
+
+// TestMinGenerationVersion1: a minimum generation for a version 1 volume, which has none,
+// refuses the attach rather than being ignored.
+func TestMinGenerationVersion1(t *testing.T) {
+	t.Parallel()
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, 300)
+	if v.l.Tree() {
+		t.Skip("ELI_TEST_FORMAT2 makes every volume version 2")
+	}
+	v.cfg.MinGeneration = 1
+	if d, err := Open(v.mem, v.cfg); err == nil {
+		d.Close()
+		t.Fatal("Open of a version 1 volume accepted a minimum generation")
+	}
+}
