@@ -203,6 +203,7 @@ func (p *dataReadWatch) ReadAt(b []byte, off int64) (int, error) {
 // query of the same range finds them in the cache.
 func TestExtentsReadsNoData(t *testing.T) {
 	t.Parallel()
+	skipFormat2(t)
 	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 4096, 1000)
 	p := &dataReadWatch{memProvider: v.mem, t: t, l: v.l}
 	d, err := Open(p, v.cfg)
