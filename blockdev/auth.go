@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/elidisk/eli/blockdev/internal/tree"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -41,6 +42,15 @@ type authEngine struct {
 	roundMax    int // distinct groups per commit round (metadata blocks pinned at once)
 	rec         Recovery
 
+	// Format version 2 (fresh.go): the hash tree (nil in version 1), set by recovery.
+	tree        *tree.Tree
+	onFlushed   func(gen uint64, root [32]byte)
+	reportMu    sync.Mutex // serializes onFlushed calls
+	reported    uint64     // the newest generation reported
+	reportedAny bool
+	mismatchMu  sync.Mutex
+	mismatched  map[uint64]bool // groups whose mismatch was logged
+
 	mu         sync.Mutex
 	cond       sync.Cond // commit finished, batch swapped, or failure
 	pending    *batch
@@ -54,6 +64,7 @@ type authEngine struct {
 	urgent     bool   // a Flush or FUA waits for the pending batch
 	stopping   bool
 	failed     error
+	fresh      Freshness // version 2: generation and root of the newest completed commit
 	kick       chan struct{}
 	done       chan struct{}
 	commitMu   sync.Mutex // held by the committer for a whole commit
@@ -65,6 +76,8 @@ type authEngine struct {
 	jentries []journalEntry
 	written  []ref // the sectors of jentries
 	blocks   []*mblock
+	leaves   []tree.Leaf
+	nodeBuf  []byte // adjacent tree nodes, written as one
 }
 
 // openAuthenticated runs recovery from the journal and starts the committer (unless the
@@ -98,10 +111,24 @@ func (a *authEngine) open(cfg Config) error {
 		cacheBytes = DefaultCacheBytes
 	}
 	m := a.l.MetaBlockSize()
+	v2 := a.l.Tree()
 	a.cache = newMetaCache(m, cacheBytes, func(g uint64, buf []byte) error {
-		_, err := a.p.ReadAt(buf, a.geo.blockPos(g))
-		return err
+		if _, err := a.p.ReadAt(buf, a.geo.blockPos(g)); err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		if v2 && a.overrides != nil {
+			a.applyOverrides(g, buf)
+		}
+		return nil
 	})
+	if v2 {
+		a.cache.hashed = true
+		a.cache.verify = a.verifyBlock
+		a.onFlushed = cfg.OnFlushed
+	} else if cfg.MinGeneration > 0 {
+		a.jrnl.wipe()
+		return fmt.Errorf("open device: a minimum generation (%d) was given, but a format version 1 volume has no generation", cfg.MinGeneration)
+	}
 	// A round pins its metadata blocks, so it may use half of the cache; the other half
 	// keeps serving readers.
 	a.roundMax = max(1, a.cache.capacity()/2)
@@ -131,7 +158,7 @@ func (a *authEngine) open(cfg Config) error {
 	a.slabs = newSlabPool(a.s, a.pieceSectors, 2*a.maxBatch/int64(a.pieceSectors*a.s)*piece+2*piece)
 	a.epoch = time.Now()
 	a.cond.L = &a.mu
-	if err := a.recover(); err != nil {
+	if err := a.recover(cfg.MinGeneration); err != nil {
 		a.jrnl.wipe()
 		return fmt.Errorf("open device: recovery: %w", err)
 	}
@@ -224,7 +251,11 @@ func (a *authEngine) flush() error {
 		target = a.pending.seq
 	}
 	a.mu.Unlock()
-	return a.waitDurable(target)
+	if err := a.waitDurable(target); err != nil {
+		return err
+	}
+	a.reportFresh()
+	return nil
 }
 
 // close stops the committer once it has committed what is pending, leaves an empty
@@ -246,6 +277,14 @@ func (a *authEngine) close() error {
 		return err
 	}
 	// Everything is committed: an empty journal makes the next Open skip recovery.
+	if a.tree != nil {
+		if err := a.writeJournal2(nil); err != nil {
+			return fmt.Errorf("close: %w", err)
+		}
+		a.setFresh()
+		a.reportFresh()
+		return nil
+	}
 	if err := a.writeJournal(nil); err != nil {
 		return fmt.Errorf("close: %w", err)
 	}

@@ -74,13 +74,19 @@ func benchDir(b *testing.B) string {
 // xchacha20-poly1305 with 4 KiB sectors.
 func benchDevice(b *testing.B, dir string, size int64, cfg Config) *Device {
 	b.Helper()
+	return benchDeviceVersion(b, dir, size, 0, cfg)
+}
+
+// benchDeviceVersion is benchDevice in a format version (0 or layout.Version2).
+func benchDeviceVersion(b *testing.B, dir string, size int64, version uint32, cfg Config) *Device {
+	b.Helper()
 	var p provider.Provider
 	if dir == "" {
 		p = newMem(size)
 	} else {
 		p = sparseFile(b, filepath.Join(dir, "vol"), size)
 	}
-	l, err := layout.Plan(size, 4096, sector.ModeXChaCha20Poly1305, 0)
+	l, err := layout.PlanVersion(version, size, 4096, sector.ModeXChaCha20Poly1305, 0)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,8 +1,14 @@
 package blockdev
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
+
+	"github.com/elidisk/eli/layout"
+
+	"github.com/elidisk/eli/blockdev/internal/tree"
 )
 
 // committer is the one goroutine that commits batches, in order, one at a time. A batch is
@@ -178,29 +184,68 @@ func (a *authEngine) commitRound(refs []ref) error {
 		return nil
 	}
 
-	// 1. The journal, durable before anything is written in place.
-	if err := a.writeJournal(jes); err != nil {
-		return err
+	var tc *tree.Commit
+	if a.tree == nil {
+		// 1. The journal, durable before anything is written in place.
+		if err := a.writeJournal(jes); err != nil {
+			return err
+		}
+		a.patchRound(blocks, jes, nil)
+	} else {
+		// Version 2: the journal carries the root the round produces, so the records
+		// go into the cached blocks first (readers of other sectors of these blocks see
+		// no change; the round's sectors are read from the committing batch), each
+		// block is hashed once over the pieces they touched, and the tree is updated.
+		leaves := a.patchRound(blocks, jes, a.leaves[:0])
+		a.leaves = leaves
+		var err error
+		if tc, err = a.tree.Update(leaves); err != nil {
+			return fmt.Errorf("update hash tree: %w", err)
+		}
+		if err := a.writeJournal2(jes); err != nil {
+			return err
+		}
 	}
 
-	// 2. Data and records in place, in any order; recovery sorts out a crash in here.
-	bi := 0
-	for _, je := range jes {
-		g, j := a.geo.groupOf(je.index)
-		for blocks[bi].g != g {
-			bi++
-		}
-		a.cache.patch(blocks[bi], j, &je.new)
-	}
+	// 2. Data, records and tree nodes in place, in any order; recovery sorts out a crash
+	// in here.
 	if err := a.writeData(written); err != nil {
 		return err
 	}
-	if err := a.writeBlocks(blocks); err != nil {
+	if err := a.writeBlocks(blocks, tc); err != nil {
 		return err
+	}
+	if tc != nil {
+		a.tree.Written(tc)
+		a.setFresh()
 	}
 	a.stats.rounds.Add(1)
 	a.stats.sectors.Add(uint64(len(jes)))
 	return nil
+}
+
+// patchRound puts the round's new records into its pinned blocks. In version 2 it appends
+// to leaves the new digest of every block it changed.
+func (a *authEngine) patchRound(blocks []*mblock, jes []journalEntry, leaves []tree.Leaf) []tree.Leaf {
+	hashed := a.cache.hashed
+	bi := 0
+	touched := false
+	for _, je := range jes {
+		g, j := a.geo.groupOf(je.index)
+		for blocks[bi].g != g {
+			if touched && hashed {
+				leaves = append(leaves, tree.Leaf{Index: blocks[bi].g, Digest: a.cache.digest(blocks[bi])})
+			}
+			bi++
+			touched = false
+		}
+		a.cache.patch(blocks[bi], j, &je.new)
+		touched = true
+	}
+	if touched && hashed {
+		leaves = append(leaves, tree.Leaf{Index: blocks[bi].g, Digest: a.cache.digest(blocks[bi])})
+	}
+	return leaves
 }
 
 // writeJournal seals entries into the journal, writes it and syncs.
@@ -281,13 +326,63 @@ type dataOp struct {
 	data  []byte
 }
 
-// writeBlocks writes metadata blocks in place and syncs: the last step of a commit round
+// writeBlocks writes metadata blocks and the tree nodes of commits (version 2; later
+// commits' nodes after earlier ones') in place and syncs: the last step of a commit round
 // and of recovery.
-func (a *authEngine) writeBlocks(blocks []*mblock) error {
+func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) error {
 	for _, blk := range blocks {
 		if _, err := a.p.WriteAt(blk.data, a.geo.blockPos(blk.g)); err != nil {
 			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
 		}
 	}
+	if err := a.writeNodes(commits); err != nil {
+		return err
+	}
 	return a.timedSync()
+}
+
+// writeNodes writes the tree nodes of commits in place, a later commit's version of a node
+// over an earlier one's, and nodes that lie next to each other (the first node of every
+// level, at the start of the data area) in one write.
+func (a *authEngine) writeNodes(commits []*tree.Commit) error {
+	type nodeOp struct {
+		pos  int64
+		data []byte
+	}
+	ops := make([]nodeOp, 0, 16)
+	seen := make(map[int64]int)
+	for _, c := range commits {
+		if c == nil {
+			continue
+		}
+		for _, n := range c.Nodes {
+			pos := a.l.NodePos(n.Level, n.Index)
+			if k, ok := seen[pos]; ok {
+				ops[k].data = n.Data
+				continue
+			}
+			seen[pos] = len(ops)
+			ops = append(ops, nodeOp{pos, n.Data})
+		}
+	}
+	slices.SortFunc(ops, func(x, y nodeOp) int { return cmp.Compare(x.pos, y.pos) })
+	for x := 0; x < len(ops); {
+		y := x + 1
+		for y < len(ops) && ops[y].pos == ops[y-1].pos+layout.NodeSize {
+			y++
+		}
+		buf := ops[x].data
+		if y-x > 1 {
+			buf = a.nodeBuf[:0]
+			for _, op := range ops[x:y] {
+				buf = append(buf, op.data...)
+			}
+			a.nodeBuf = buf
+		}
+		if _, err := a.p.WriteAt(buf, ops[x].pos); err != nil {
+			return fmt.Errorf("write tree nodes at %d: %w", ops[x].pos, err)
+		}
+		x = y
+	}
+	return nil
 }

@@ -103,6 +103,8 @@ type crashVariant struct {
 	unit       int64 // atomic write unit of the simulated provider
 	cacheBytes int64 // small values force commits into several rounds
 	tornOK     bool  // unit < sector size: torn sectors may fail authentication
+	version    uint32
+	seeds      int // seeds to run (6 when 0)
 }
 
 func crashSeeds(t *testing.T, def int) []uint64 {
@@ -137,10 +139,19 @@ func TestCrashConsistency(t *testing.T) {
 		{name: "512-unit512", sectorSize: 512, sectors: 330, unit: 512},
 		{name: "4096-unit4096", sectorSize: 4096, sectors: 250, unit: 4096},
 		{name: "512-unit512-rounds", sectorSize: 512, sectors: 330, unit: 512, cacheBytes: 2 * 4096},
+		// Format version 2: the hash tree's nodes and the journal's two slots, over more
+		// than 128 groups so that the tree has two levels.
+		{name: "v2-512-unit512-twolevels", sectorSize: 512, sectors: 102*130 + 7, unit: 512, version: layout.Version2, seeds: 1},
+		{name: "v2-4096-unit4096", sectorSize: 4096, sectors: 250, unit: 4096, version: layout.Version2},
+		{name: "v2-512-unit512-rounds", sectorSize: 512, sectors: 330, unit: 512, cacheBytes: 2 * 4096, version: layout.Version2},
 	}
 	total := 0
 	for _, v := range variants {
-		for _, seed := range crashSeeds(t, 6) {
+		n := 6
+		if v.seeds > 0 {
+			n = v.seeds
+		}
+		for _, seed := range crashSeeds(t, n) {
 			total += runCrashSeed(t, v, seed)
 		}
 	}
@@ -154,7 +165,18 @@ func TestCrashConsistency(t *testing.T) {
 // torn by the crash fails authentication (an I/O error) and is never returned as data.
 func TestCrashTornSectors(t *testing.T) {
 	t.Parallel()
-	v := crashVariant{name: "4096-unit512", sectorSize: 4096, sectors: 250, unit: 512, tornOK: true}
+	for _, v := range []crashVariant{
+		{name: "4096-unit512", sectorSize: 4096, sectors: 250, unit: 512, tornOK: true},
+		{name: "v2-4096-unit512", sectorSize: 4096, sectors: 250, unit: 512, tornOK: true, version: layout.Version2},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			crashTorn(t, v)
+		})
+	}
+}
+
+func crashTorn(t *testing.T, v crashVariant) {
 	authErrs := 0
 	seeds := crashSeeds(t, 4)
 	for _, seed := range seeds {
@@ -189,18 +211,34 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		t.Helper()
 		t.Fatalf("variant %s seed %d (rerun with ELI_CRASH_SEED=%d): %s", v.name, seed, seed, fmt.Sprintf(format, args...))
 	}
-	l, size := layoutFor(t, sector.ModeXChaCha20Poly1305, v.sectorSize, v.sectors, layout.Align)
+	l, size := layoutForVersion(t, v.version, sector.ModeXChaCha20Poly1305, v.sectorSize, v.sectors, layout.Align)
 	mem := newMem(size)
 	if err := Format(mem, l); err != nil {
 		t.Fatal(err)
 	}
 	rec := newRecorder(mem.data)
+	// Version 2: the generations a witness would have recorded, with the number of I/O
+	// events done when each was reported. A crash after that point must reopen with the
+	// generation as the minimum (the provider is never older than its witness).
+	type witnessed struct {
+		events int
+		gen    uint64
+	}
+	var witness []witnessed
 	codec := newCodec(t, sector.ModeXChaCha20Poly1305, v.sectorSize, testVolumeID)
 	cfg := Config{
 		Layout: l, Codec: codec, JournalKey: testJournalKey, Logger: discardLogger(),
 		// Commits happen only at Flush, FUA and Close, so the recorded I/O follows the
 		// operations deterministically.
 		CommitInterval: time.Hour, MaxBatchBytes: 1 << 30, CacheBytes: v.cacheBytes,
+	}
+	if l.Tree() {
+		cfg.OnFlushed = func(gen uint64, _ [32]byte) {
+			if n := len(witness); n > 0 && witness[n-1].gen > gen {
+				fail("OnFlushed reported generation %d after %d", gen, witness[n-1].gen)
+			}
+			witness = append(witness, witnessed{rec.numEvents(), gen})
+		}
 	}
 	d, err := Open(rec, cfg)
 	if err != nil {
@@ -310,6 +348,12 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		t.Helper()
 		p := &memProvider{data: img}
 		cfg2 := cfg
+		cfg2.OnFlushed = nil
+		for _, w := range witness {
+			if w.events <= c {
+				cfg2.MinGeneration = w.gen
+			}
+		}
 		d2, err := Open(p, cfg2)
 		if err != nil {
 			fail("crash point %d (%s): reopen: %v", c, stage, err)
@@ -344,7 +388,9 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		if c%7 == 3 {
 			// Crash again in the middle of recovery, then recover that.
 			r2 := newRecorder(img)
-			d2, err := Open(r2, cfg)
+			cfgR := cfg
+			cfgR.OnFlushed = nil
+			d2, err := Open(r2, cfgR)
 			if err != nil {
 				fail("crash point %d: first recovery: %v", c, err)
 			}

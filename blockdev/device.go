@@ -79,6 +79,18 @@ type Config struct {
 	// authentication, a failed commit). Nil logs nowhere.
 	Logger *slog.Logger
 
+	// MinGeneration (format version 2) refuses a provider whose newest journal generation
+	// is older (ErrRolledBack, naming both): the generation a witness recorded at an earlier
+	// flush. A newer provider is accepted (a crash between its flush and the witness's
+	// update). Zero checks nothing; nonzero refuses a version 1 volume, which has none.
+	MinGeneration uint64
+	// OnFlushed (format version 2) is called after each completed Flush, and by Close,
+	// with the generation and root of the hash tree that are durable then, for a witness
+	// to record. It runs on the flushing request's goroutine, one call at a time, and only
+	// when the generation is newer than the last one reported (concurrent flushes may
+	// share a report); the Flush returns after it. It must not call the Device.
+	OnFlushed func(gen uint64, root [32]byte)
+
 	// rand replaces crypto/rand for journal nonces: tests that write golden volumes.
 	rand io.Reader
 }
@@ -230,6 +242,16 @@ type Recovery struct {
 	Sectors, RolledForward, RolledBack int
 	// InMemory: the device is read-only, so the outcome was applied in memory only.
 	InMemory bool
+}
+
+// Freshness reports the generation and root of the newest completed commit of a format
+// version 2 volume (ok false for other volumes). For a read-only device that recovered a
+// journal in memory, the root is the recovered one, which the provider does not hold.
+func (d *Device) Freshness() (f Freshness, ok bool) {
+	if a, isAuth := d.eng.(*authEngine); isAuth {
+		return a.freshness()
+	}
+	return Freshness{}, false
 }
 
 // Recovery reports what Open's recovery did.

@@ -3,6 +3,8 @@ package blockdev
 import (
 	"fmt"
 
+	"github.com/elidisk/eli/layout"
+
 	"github.com/elidisk/eli/provider"
 )
 
@@ -13,7 +15,9 @@ import (
 // On a regular file it punches out the journal and the whole data area: instant, and the
 // file stays sparse. On a block device (or a provider that cannot punch) it zeroes the
 // journal and each metadata block, about 1% of the data area, leaving the data sectors
-// alone: their zero records make them read as zeroes.
+// alone: their zero records make them read as zeroes. In format version 2 it zeroes the
+// tree's nodes too: a tree of zero nodes over zero blocks has the zero root, which is what
+// a journal that was never written stands for.
 func Format(p provider.Provider, l Layout) error {
 	if err := l.Validate(p.Size()); err != nil {
 		return fmt.Errorf("format: %w", err)
@@ -51,6 +55,17 @@ func Format(p provider.Provider, l Layout) error {
 	for g := range l.Groups() {
 		if err := zero(l.BlockPos(g), m); err != nil {
 			return fmt.Errorf("format: zero metadata block of group %d: %w", g, err)
+		}
+	}
+	if l.Tree() {
+		// Version 2: zero tree nodes, which make the zero root.
+		geom := treeGeometry(l)
+		for level := 1; level <= geom.Levels(); level++ {
+			for k := range geom.Width(level) {
+				if err := zero(l.NodePos(level, k), layout.NodeSize); err != nil {
+					return fmt.Errorf("format: zero tree node %d/%d: %w", level, k, err)
+				}
+			}
 		}
 	}
 	return syncFormat(p)

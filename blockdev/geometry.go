@@ -1,5 +1,11 @@
 package blockdev
 
+import (
+	"math"
+
+	"github.com/elidisk/eli/layout"
+)
+
 // geometry holds the numbers of the layout that the I/O paths need for every sector,
 // computed once. layout.Layout derives each of them on every call, through sector.Mode's
 // table lookups (about nine for one DataPos), which showed in the server's CPU profile
@@ -12,10 +18,16 @@ type geometry struct {
 	perGroup   uint64 // R (0 without records)
 	groupLen   int64  // G
 	sectors    uint64 // N
+
+	// Format version 2: the data area nests tree nodes among the groups
+	// (Layout.NodePos); units[m] is the length of a full unit of level m, 0 where it
+	// exceeds any volume (only multiplied by a zero index then).
+	tree  bool
+	units [layout.TreeDepth]int64
 }
 
 func newGeometry(l Layout) geometry {
-	return geometry{
+	g := geometry{
 		auth:       l.Authenticated(),
 		sectorSize: int64(l.SectorSize),
 		dataOff:    l.DataOffset,
@@ -24,6 +36,21 @@ func newGeometry(l Layout) geometry {
 		groupLen:   l.GroupLen(),
 		sectors:    l.Sectors,
 	}
+	if l.Tree() {
+		g.tree = true
+		u := uint64(g.groupLen)
+		for m := range g.units {
+			if u <= math.MaxInt64/2 {
+				g.units[m] = int64(u)
+			}
+			if u > (math.MaxInt64/2-layout.NodeSize)/layout.TreeArity {
+				u = math.MaxInt64 // beyond any volume: stays out of units
+			} else {
+				u = layout.NodeSize + layout.TreeArity*u
+			}
+		}
+	}
+	return g
 }
 
 // groupOf is Layout.GroupOf (authenticated layouts only).
@@ -37,7 +64,17 @@ func (g *geometry) groupSectors(grp uint64) int {
 }
 
 // blockPos is Layout.BlockPos.
-func (g *geometry) blockPos(grp uint64) int64 { return g.dataOff + int64(grp)*g.groupLen }
+func (g *geometry) blockPos(grp uint64) int64 {
+	if !g.tree {
+		return g.dataOff + int64(grp)*g.groupLen
+	}
+	pos := g.dataOff + layout.TreeDepth*layout.NodeSize
+	for m := 0; grp != 0; m++ {
+		pos += int64(grp%layout.TreeArity) * g.units[m]
+		grp /= layout.TreeArity
+	}
+	return pos
+}
 
 // dataPos is Layout.DataPos.
 func (g *geometry) dataPos(i uint64) int64 {

@@ -14,12 +14,19 @@ func TestGeometryMatchesLayout(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []sector.Mode{sector.ModeXChaCha20Poly1305, sector.ModeNone, sector.ModeAESXTS256} {
 		for _, ss := range []int{512, 4096, 65536} {
-			for _, size := range []int64{8 << 20, 300 << 20} {
-				l, err := layout.Plan(size, ss, mode, 0)
+			for _, vs := range []struct {
+				version uint32
+				size    int64
+			}{{0, 8 << 20}, {0, 300 << 20}, {2, 8 << 20}, {2, 300 << 20}, {2, 1 << 50}} {
+				version, size := vs.version, vs.size
+				if version == 2 && !mode.Authenticated() {
+					continue
+				}
+				l, err := layout.PlanVersion(version, size, ss, mode, 0)
 				if err != nil {
 					continue // too small for this sector size
 				}
-				t.Run(fmt.Sprintf("%s/%d/%d", mode, ss, size), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/%d/%d/v%d", mode, ss, size, version), func(t *testing.T) {
 					t.Parallel()
 					g := newGeometry(l)
 					if g.auth != l.Authenticated() {
@@ -27,7 +34,7 @@ func TestGeometryMatchesLayout(t *testing.T) {
 					}
 					r := uint64(max(1, l.RecordsPerGroup()))
 					var idx []uint64
-					for _, i := range []uint64{0, 1, r - 1, r, r + 1, 2*r - 1, 5 * r, l.Sectors / 2, l.Sectors - 1} {
+					for _, i := range []uint64{0, 1, r - 1, r, r + 1, 2*r - 1, 5 * r, 128*r - 1, 128 * r, 128*128*r + r, l.Sectors / 2, l.Sectors - 1} {
 						if i < l.Sectors {
 							idx = append(idx, i)
 						}

@@ -44,6 +44,30 @@ var (
 
 const goldenProviderSize = 266240 // smallest size with two full groups of 512-byte sectors
 
+// goldenProviderSize2 is the size of the format version 2 golden volume: two full groups,
+// a partial one and the tree's seven nodes at the start of the data area.
+const goldenProviderSize2 = 331776
+
+// goldenFormats are the format versions with golden volumes: the file name prefix and the
+// provider size of each.
+var goldenFormats = []struct {
+	version uint32
+	prefix  string
+	size    int64
+}{
+	{0, "golden-", goldenProviderSize},
+	{layout.Version2, "golden-v2-", goldenProviderSize2},
+}
+
+func goldenSize(version uint32) int64 {
+	for _, f := range goldenFormats {
+		if f.version == version {
+			return f.size
+		}
+	}
+	panic("no golden format")
+}
+
 func seqBytes(from byte, n int) []byte {
 	b := make([]byte, n)
 	for i := range b {
@@ -139,8 +163,8 @@ var goldenOps = []struct {
 		func(m []byte) { copy(m, bytes.Repeat([]byte("two!"), 128)) }},
 }
 
-func goldenLayout(t testing.TB) Layout {
-	l, err := layout.Plan(goldenProviderSize, 512, sector.ModeXChaCha20Poly1305, layout.Align)
+func goldenLayout(t testing.TB, version uint32) Layout {
+	l, err := layout.PlanVersion(version, goldenSize(version), 512, sector.ModeXChaCha20Poly1305, layout.Align)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,9 +173,9 @@ func goldenLayout(t testing.TB) Layout {
 
 // writeGolden runs the workload and returns the recorded I/O, the expected plaintext
 // before the last commit and after it, and where the last commit's events start.
-func writeGolden(t testing.TB) (rec *recorder, before, after []byte, lastCommit int) {
-	l := goldenLayout(t)
-	mem := newMem(goldenProviderSize)
+func writeGolden(t testing.TB, version uint32) (rec *recorder, before, after []byte, lastCommit int) {
+	l := goldenLayout(t, version)
+	mem := newMem(goldenSize(version))
 	if err := Format(mem, l); err != nil {
 		t.Fatal(err)
 	}
@@ -189,25 +213,30 @@ func writeGolden(t testing.TB) (rec *recorder, before, after []byte, lastCommit 
 // goldenImages are the images checked in: a clean one, and two crashes inside the last
 // commit, after its journal was synced: one where the data reached the provider but the
 // metadata did not (recovery rolls forward), one the other way round (it rolls back).
-func goldenImages(t testing.TB) map[string]struct {
+func goldenImages(t testing.TB, version uint32, prefix string) map[string]struct {
 	img  []byte
 	want func(before, after []byte) []byte
 	rec  Recovery
 } {
-	rec, _, _, last := writeGolden(t)
+	rec, _, _, last := writeGolden(t, version)
 	clean := bytes.Clone(rec.cur)
-	// Events of the last commit: journal, sync, data..., metadata blocks..., sync, then
-	// Close's empty journal and its sync.
+	// Events of the last commit: journal, sync, data..., metadata blocks (and, in version
+	// 2, tree nodes)..., sync, then Close's empty journal and its sync.
 	ev := rec.events[last:]
-	if ev[0].kind != evWrite || ev[0].off != layout.Align || ev[1].kind != evSync {
+	l := goldenLayout(t, version)
+	if ev[0].kind != evWrite || ev[0].off < layout.Align || ev[0].off >= l.DataOffset || ev[1].kind != evSync {
 		t.Fatalf("last commit does not start with journal and sync: %+v", ev[:2])
 	}
-	l := goldenLayout(t)
 	isMeta := func(e ioEvent) bool {
-		if e.kind != evWrite || e.off < l.DataOffset {
+		if e.kind != evWrite || e.off < l.DataOffset || len(e.data) != l.MetaBlockSize() {
 			return false
 		}
-		return (e.off-l.DataOffset)%l.GroupLen() == 0 && len(e.data) == l.MetaBlockSize()
+		for g := range l.Groups() {
+			if e.off == l.BlockPos(g) {
+				return true
+			}
+		}
+		return false
 	}
 	build := func(keep func(e ioEvent) bool) []byte {
 		img := bytes.Clone(rec.base)
@@ -232,11 +261,11 @@ func goldenImages(t testing.TB) map[string]struct {
 	dataOnly := build(func(e ioEvent) bool { return !isMeta(e) })
 	metaOnly := build(isMeta)
 	return map[string]g{
-		"golden-xchacha20-poly1305-512.img.gz": {clean, func(_, a []byte) []byte { return a }, Recovery{Journal: "empty"}},
-		"golden-crash-data-written.img.gz": {dataOnly, func(_, a []byte) []byte { return a },
+		prefix + "xchacha20-poly1305-512.img.gz": {clean, func(_, a []byte) []byte { return a }, Recovery{Journal: "empty"}},
+		prefix + "crash-data-written.img.gz": {dataOnly, func(_, a []byte) []byte { return a },
 			Recovery{Journal: "replayed", Sectors: 5, RolledForward: 5}},
 		// Trims always roll forward (a zero record needs no data); the writes roll back.
-		"golden-crash-records-written.img.gz": {metaOnly, func(b, _ []byte) []byte {
+		prefix + "crash-records-written.img.gz": {metaOnly, func(b, _ []byte) []byte {
 			b = bytes.Clone(b)
 			clear(b[2*512 : 4*512])
 			return b
@@ -246,11 +275,17 @@ func goldenImages(t testing.TB) map[string]struct {
 
 func TestGoldenVolumesRead(t *testing.T) {
 	t.Parallel()
-	_, before, after, _ := writeGolden(t)
-	l := goldenLayout(t)
-	for name, g := range goldenImages(t) {
+	for _, f := range goldenFormats {
+		testGoldenVolumesRead(t, f.version, f.prefix)
+	}
+}
+
+func testGoldenVolumesRead(t *testing.T, version uint32, prefix string) {
+	_, before, after, _ := writeGolden(t, version)
+	l := goldenLayout(t, version)
+	for name, g := range goldenImages(t, version, prefix) {
 		t.Run(name, func(t *testing.T) {
-			img := readGolden(t, name)
+			img := readGolden(t, name, version)
 			codec, err := sector.New(sector.Params{Mode: sector.ModeXChaCha20Poly1305, SectorSize: 512,
 				Key: goldenDataKey, VolumeID: goldenVolumeID})
 			if err != nil {
@@ -274,7 +309,7 @@ func TestGoldenVolumesRead(t *testing.T) {
 			}
 
 			// Read-only: the same plaintext, recovered in memory, and not one byte written.
-			img = readGolden(t, name)
+			img = readGolden(t, name, version)
 			orig := bytes.Clone(img)
 			ro, err := Open(&memProvider{data: img}, Config{Layout: l, Codec: codec, JournalKey: goldenJournalKey, ReadOnly: true})
 			if err != nil {
@@ -304,19 +339,26 @@ func TestGoldenVolumesRead(t *testing.T) {
 
 func TestGoldenVolumesWrite(t *testing.T) {
 	t.Parallel()
-	for name, g := range goldenImages(t) {
+	for _, f := range goldenFormats {
+		testGoldenVolumesWrite(t, f.version, f.prefix)
+	}
+}
+
+func testGoldenVolumesWrite(t *testing.T, version uint32, prefix string) {
+	for name, g := range goldenImages(t, version, prefix) {
 		if *updateGolden {
 			writeGoldenFile(t, name, g.img)
 			continue
 		}
-		if !bytes.Equal(readGolden(t, name), g.img) {
+		if !bytes.Equal(readGolden(t, name, version), g.img) {
 			t.Errorf("%s: writing the golden workload again gives other bytes: the on-disk format changed. "+
 				"If that is deliberate, bump the format version in docs/format.md and run go test -run Golden ./blockdev/ -update", name)
 		}
 	}
 }
 
-func readGolden(t *testing.T, name string) []byte {
+func readGolden(t *testing.T, name string, version uint32) []byte {
+	size := goldenSize(version)
 	f, err := os.Open(filepath.Join(goldenDir, name))
 	if err != nil {
 		t.Fatal(err)
@@ -327,12 +369,12 @@ func readGolden(t *testing.T, name string) []byte {
 		t.Fatal(err)
 	}
 	// The image's size is known: bound the read rather than trust the file.
-	img, err := io.ReadAll(io.LimitReader(z, goldenProviderSize+1))
+	img, err := io.ReadAll(io.LimitReader(z, size+1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(img) != goldenProviderSize {
-		t.Fatalf("%s: %d bytes, want %d", name, len(img), goldenProviderSize)
+	if int64(len(img)) != size {
+		t.Fatalf("%s: %d bytes, want %d", name, len(img), size)
 	}
 	return img
 }

@@ -77,7 +77,16 @@ func (m *memProvider) snapshot() []byte {
 // layoutFor builds a layout with exactly n sectors and the smallest provider for it.
 func layoutFor(t testing.TB, mode sector.Mode, sectorSize int, n uint64, journalLen int64) (Layout, int64) {
 	t.Helper()
-	l := Layout{Mode: mode, SectorSize: sectorSize, DataOffset: layout.HeaderRegionLen, Sectors: n}
+	return layoutForVersion(t, 0, mode, sectorSize, n, journalLen)
+}
+
+// layoutForVersion is layoutFor in a format version (0 or layout.Version2).
+func layoutForVersion(t testing.TB, version uint32, mode sector.Mode, sectorSize int, n uint64, journalLen int64) (Layout, int64) {
+	t.Helper()
+	if testFormat2 && mode.Authenticated() {
+		version = layout.Version2
+	}
+	l := Layout{Version: version, Mode: mode, SectorSize: sectorSize, DataOffset: layout.HeaderRegionLen, Sectors: n}
 	if l.MetaSize() > 0 {
 		l.JournalLen = journalLen
 		l.DataOffset += journalLen
@@ -144,10 +153,29 @@ type testVol struct {
 	size int64
 }
 
+// testFormat2 (ELI_TEST_FORMAT2=1) makes every test volume of an authenticated mode a
+// format version 2 volume: a way to run the whole suite against the hash tree.
+var testFormat2 = os.Getenv("ELI_TEST_FORMAT2") == "1"
+
+// skipFormat2 skips a test that asserts what format version 1 does (positions, or
+// tampering version 2 detects) when ELI_TEST_FORMAT2 makes its volume version 2;
+// fresh_test.go asserts version 2's behaviour.
+func skipFormat2(t *testing.T) {
+	if testFormat2 {
+		t.Skip("asserts format version 1; ELI_TEST_FORMAT2 makes the volume version 2")
+	}
+}
+
 // newTestVol formats a memory provider for mode with n sectors.
 func newTestVol(t testing.TB, mode sector.Mode, sectorSize int, n uint64) *testVol {
 	t.Helper()
-	l, size := layoutFor(t, mode, sectorSize, n, layout.Align)
+	return newTestVolVersion(t, 0, mode, sectorSize, n)
+}
+
+// newTestVolVersion is newTestVol in a format version (0 or layout.Version2).
+func newTestVolVersion(t testing.TB, version uint32, mode sector.Mode, sectorSize int, n uint64) *testVol {
+	t.Helper()
+	l, size := layoutForVersion(t, version, mode, sectorSize, n, layout.Align)
 	mem := newMem(size)
 	if err := Format(mem, l); err != nil {
 		t.Fatal(err)

@@ -2,8 +2,10 @@ package blockdev
 
 import (
 	"fmt"
+	"math/bits"
 	"sync"
 
+	"github.com/elidisk/eli/blockdev/internal/tree"
 	"github.com/elidisk/eli/layout"
 )
 
@@ -27,6 +29,12 @@ type metaCache struct {
 	spare   [][]byte // buffers of evicted blocks, reused by loads
 	loads   uint64   // statistics
 	evicted uint64
+
+	// Format version 2: each block's piece digests are kept (so that a commit rehashes
+	// only the pieces its records touched), and verify checks a block's digest against
+	// the hash tree as it enters the cache. A block that fails is not cached.
+	hashed bool
+	verify func(g uint64, d tree.Digest) error
 }
 
 type mblock struct {
@@ -36,6 +44,8 @@ type mblock struct {
 	loading    chan struct{} // closed when the load finished; nil once loaded
 	err        error         // load error, for waiters
 	prev, next *mblock
+	h          tree.Hasher // piece digests (hashed caches only)
+	dirty      [2]uint64   // pieces patched since h last saw them (a block has at most 128)
 }
 
 func newMetaCache(blockSize int, maxBytes int64, load func(g uint64, buf []byte) error) *metaCache {
@@ -94,12 +104,18 @@ func (c *metaCache) get(g uint64) (*mblock, error) {
 	c.mu.Unlock()
 
 	err := c.load(g, b.data)
+	if err == nil && c.hashed {
+		b.h.Reset(b.data)
+		if c.verify != nil {
+			err = c.verify(g, b.h.Digest(0, g))
+		}
+	}
 
 	c.mu.Lock()
 	ch := b.loading
 	b.loading = nil
 	if err != nil {
-		b.err = fmt.Errorf("read metadata block of group %d: %w", g, err)
+		b.err = fmt.Errorf("metadata block of group %d: %w", g, err)
 		delete(c.blocks, g)
 		c.n--
 		c.mu.Unlock()
@@ -155,8 +171,30 @@ func (c *metaCache) records(g uint64, j int, dst []byte) error {
 // patch sets the record at position j of a block the caller has pinned.
 func (c *metaCache) patch(b *mblock, j int, r *record) {
 	c.mu.Lock()
-	copy(b.data[j*layout.RecordSize:], r[:])
+	off := j * layout.RecordSize
+	copy(b.data[off:], r[:])
+	if c.hashed {
+		// Rehashed once per round by digest, not once per record: a sequential write
+		// patches every record of a block.
+		for p := off / tree.PieceSize; p <= (off+layout.RecordSize-1)/tree.PieceSize; p++ {
+			b.dirty[p/64] |= 1 << (p % 64)
+		}
+	}
 	c.mu.Unlock()
+}
+
+// digest is the digest of a block the caller has pinned (hashed caches only).
+func (c *metaCache) digest(b *mblock) tree.Digest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for w := range b.dirty {
+		for m := b.dirty[w]; m != 0; m &= m - 1 {
+			p := w*64 + bits.TrailingZeros64(m)
+			b.h.Update(b.data, p*tree.PieceSize, tree.PieceSize)
+		}
+		b.dirty[w] = 0
+	}
+	return b.h.Digest(0, b.g)
 }
 
 // record reads position j of a block the caller has pinned.

@@ -13,7 +13,10 @@ import (
 // one sector per entry, so its cost follows the last commit's size, never the volume's.
 // Writable devices write the chosen records, sync, and leave an empty journal; read-only
 // ones keep them in memory (a.overrides) and write nothing.
-func (a *authEngine) recover() error {
+func (a *authEngine) recover(minGen uint64) error {
+	if a.l.Tree() {
+		return a.recover2(minGen)
+	}
 	entries, err := a.jrnl.read(a.p, a.l.Sectors)
 	switch {
 	case errors.Is(err, errNoJournal):
@@ -88,7 +91,7 @@ func (a *authEngine) recover() error {
 	if a.ro {
 		return nil
 	}
-	if err := a.writeBlocks(blocks); err != nil {
+	if err := a.writeBlocks(blocks, nil); err != nil {
 		return err
 	}
 	// The records are durable: the journal has done its job.

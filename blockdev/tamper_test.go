@@ -63,6 +63,7 @@ func tamperVolumes(t *testing.T) (a, b *testVol, plain []byte) {
 // other sector still reads correctly.
 func TestTamperDetected(t *testing.T) {
 	t.Parallel()
+	skipFormat2(t)
 	const i, j = 7, 150 // two sectors in different groups
 	cases := []struct {
 		name   string
@@ -162,6 +163,7 @@ func TestTamperDetected(t *testing.T) {
 // produce plaintext that was never written to that sector of that volume.
 func TestTamperUndetectable(t *testing.T) {
 	t.Parallel()
+	skipFormat2(t)
 	const i = 42
 	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, tamperSectors)
 	oldPlain := bytes.Repeat([]byte("old!"), 128)
@@ -215,6 +217,7 @@ func TestTamperUndetectable(t *testing.T) {
 // data it did not hold.
 func TestTamperJournal(t *testing.T) {
 	t.Parallel()
+	skipFormat2(t)
 	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, tamperSectors)
 	rec0 := newRecorder(v.mem.data)
 	d, err := Open(rec0, v.cfg)

@@ -16,6 +16,7 @@ type layout struct {
 	D    int64 // data offset
 	J    int64 // journal length
 	P    int64 // provider size recorded in the header
+	V    int64 // format version
 }
 
 // recordSize is the size of a metadata record (nonce and tag) in authenticated modes.
@@ -46,7 +47,7 @@ func (e *env) dumpLayout(provider string) layout {
 		return n
 	}
 	return layout{mode: field("mode"), S: num("sector size"), N: num("sectors"), D: num("data offset"),
-		J: num("journal length"), P: num("provider size")}
+		J: num("journal length"), P: num("provider size"), V: num("version")}
 }
 
 // authenticated reports whether the mode keeps a record per sector (MetaSize 40).
@@ -61,7 +62,7 @@ func (l layout) perGroup() int64  { return l.metaBlock() / recordSize }
 func (l layout) group() int64     { return l.metaBlock() + l.perGroup()*l.S }
 
 // dataAt is the provider offset of sector i's stored bytes: D + i·S in length-preserving
-// modes, D + g·G + M + j·S in authenticated ones (g = i div R, j = i mod R).
+// modes, blockAt(g) + M + j·S in authenticated ones (g = i div R, j = i mod R).
 func (l layout) dataAt(t testing.TB, i int64) int64 {
 	t.Helper()
 	if i < 0 || i >= l.N {
@@ -71,10 +72,26 @@ func (l layout) dataAt(t testing.TB, i int64) int64 {
 		return l.D + i*l.S
 	}
 	g, j := i/l.perGroup(), i%l.perGroup()
-	return l.D + g*l.group() + l.metaBlock() + j*l.S
+	return l.blockAt(g) + l.metaBlock() + j*l.S
 }
 
-// recordAt is the provider offset of sector i's 40-byte record: D + g·G + 40·j.
+// blockAt is the offset of group g's metadata block: D + g·G in format version 1; in
+// version 2, D + 7·4096 + Σ_{m=0}^{6} (⌊g / 128^m⌋ mod 128)·U_m with U_0 = G and
+// U_m = 4096 + 128·U_{m−1} (docs/format.md, "Format version 2").
+func (l layout) blockAt(g int64) int64 {
+	if l.V != 2 {
+		return l.D + g*l.group()
+	}
+	pos, u := l.D+7*4096, l.group()
+	for m := 0; m < 7 && g > 0; m++ {
+		pos += g % 128 * u
+		g /= 128
+		u = 4096 + 128*u
+	}
+	return pos
+}
+
+// recordAt is the provider offset of sector i's 40-byte record: blockAt(g) + 40·j.
 func (l layout) recordAt(t testing.TB, i int64) int64 {
 	t.Helper()
 	if !l.authenticated() {
@@ -84,7 +101,7 @@ func (l layout) recordAt(t testing.TB, i int64) int64 {
 		t.Fatalf("sector %d outside a volume of %d sectors", i, l.N)
 	}
 	g, j := i/l.perGroup(), i%l.perGroup()
-	return l.D + g*l.group() + recordSize*j
+	return l.blockAt(g) + recordSize*j
 }
 
 // headerB is the offset of header copy B for a provider of size p: (p − p mod 4096) − 4096.

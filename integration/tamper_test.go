@@ -54,7 +54,9 @@ func TestTamperSectors(t *testing.T) {
 		t.Run(fmt.Sprint(ss), func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, false)
-			img := e.create(volume{name: "t.img", size: "16M", sector: ss})
+			// Format version 1: one sector per tampered record fails (version 2 fails the
+			// whole metadata block: TestTamperSectorsV2).
+			img := e.create(volume{name: "t.img", size: "16M", sector: ss, extra: []string{"--format", "1"}})
 			l := e.dumpLayout(img)
 			if !l.authenticated() {
 				t.Fatalf("default mode %s has no records", l.mode)
@@ -123,6 +125,53 @@ func TestTamperSectors(t *testing.T) {
 			e.detach("t.img")
 		})
 	}
+}
+
+// TestTamperSectorsV2: in format version 2 (the default) a flipped byte of a record, or a
+// record put back from an older image, makes every sector of its metadata block an I/O
+// error (the block no longer matches the hash tree), while the sectors of other groups
+// read their data; the server log names the group.
+func TestTamperSectorsV2(t *testing.T) {
+	t.Parallel()
+	testtool.Need(t, "nbdcopy", "libnbd-bin")
+	e := newEnv(t, false)
+	img := e.create(volume{name: "t2.img", size: "16M"})
+	l := e.dumpLayout(img)
+	if l.V != 2 || !l.authenticated() {
+		t.Fatalf("default volume: version %d, mode %s", l.V, l.mode)
+	}
+	R := l.perGroup()
+	written := 3 * R
+	var all []byte
+	for i := int64(0); i < written; i++ {
+		all = append(all, sectorContent(i, l.S)...)
+	}
+	uri := e.Attach(img)
+	pythonNBD(t, all, "pwrite", uri, "0")
+	e.detach("t2.img")
+	flipByte(t, img, l.recordAt(t, R+20)+30)
+	uri = e.Attach(img)
+	probe := []int64{0, R - 1, R, R + 20, 2*R - 1, 2 * R, written - 1, written}
+	got := readSectors(t, uri, l.S, probe...)
+	for _, i := range probe {
+		r := got[i]
+		switch {
+		case i >= R && i < 2*R:
+			if r.ok || r.errno != "EIO" {
+				t.Errorf("sector %d of the tampered group: ok=%v errno %q, want EIO", i, r.ok, r.errno)
+			}
+		case !r.ok:
+			t.Errorf("sector %d of another group: %s", i, r.errno)
+		case i < written && r.hash != sha256.Sum256(sectorContent(i, l.S)):
+			t.Errorf("sector %d reads wrong data", i)
+		case i >= written && r.hash != sha256.Sum256(make([]byte, l.S)):
+			t.Errorf("never-written sector %d is not zero", i)
+		}
+	}
+	if log := e.serverLog("t2.img"); !strings.Contains(log, "does not match the hash tree") || !strings.Contains(log, "group=1 ") {
+		t.Errorf("server log does not name group 1:\n%s", log)
+	}
+	e.detach("t2.img")
 }
 
 // TestTamperHeader damages header copy A, copy B, or both (docs/format.md: A at 0, B at

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -66,8 +67,8 @@ func (c Copy) String() string {
 // that writes the header re-reads it from the provider, and Unlock and Backup work on the
 // bytes that were decoded, not on these fields.
 type Header struct {
-	Layout                // mode, sector size, D, J, N
-	Version      uint32   // format version (1)
+	Layout                // mode, sector size, D, J, N; Layout.Version is 0 for version 1
+	Version      uint32   // format version (1, or 2 for a hash tree over the metadata)
 	Sequence     uint64   // incremented by every header update; the higher copy wins
 	VolumeID     [16]byte // random at init
 	ProviderSize int64    // provider size when N was last set (informative)
@@ -122,13 +123,14 @@ func decode(b []byte, where string) (*Header, error) {
 		return nil, corrupt("%d bytes, expected %d", len(b), HeaderSize)
 	}
 	le := binary.LittleEndian
-	if v := le.Uint32(b[offVersion:]); v != FormatVersion {
+	v := le.Uint32(b[offVersion:])
+	if v != FormatVersion && v != FormatVersion2 {
 		// A later format may move the checksum, so a small version number is taken at its
 		// word; a huge one next to a bad checksum is damage, not the future.
 		if sum := sha256.Sum256(b[:offChecksum]); v > maxPlausibleVersion && !bytes.Equal(sum[:], b[offChecksum:]) {
 			return nil, corrupt("checksum mismatch, and version field %d", v)
 		}
-		return nil, newError(ErrVersion, "eli header version %d%s is not supported (this eli reads version %d)", v, where, FormatVersion)
+		return nil, newError(ErrVersion, "eli header version %d%s is not supported (this eli reads versions %d and %d)", v, where, FormatVersion, FormatVersion2)
 	}
 	if n := le.Uint32(b[offLength:]); n != HeaderSize {
 		return nil, corrupt("header length field is %d, expected %d", n, HeaderSize)
@@ -138,9 +140,13 @@ func decode(b []byte, where string) (*Header, error) {
 	}
 
 	// From here on the bytes are as some writer meant them; what follows refuses a writer
-	// that is not eli version 1 (or an attacker who recomputed the checksum) before any
-	// value is used.
-	h := &Header{Version: FormatVersion}
+	// that is not eli version 1 or 2 (or an attacker who recomputed the checksum) before
+	// any value is used. The version is covered by the MAC, so that a version 2 header
+	// rewritten as version 1, to shed its hash tree, fails Unlock.
+	h := &Header{Version: v}
+	if v == FormatVersion2 {
+		h.Layout.Version = layout.Version2
+	}
 	copy(h.raw[:], b)
 	h.Sequence = le.Uint64(b[offSequence:])
 	copy(h.VolumeID[:], b[offVolumeID:])
@@ -216,7 +222,7 @@ func encodeBase(raw *[HeaderSize]byte, l Layout, volumeID [16]byte, providerSize
 	le := binary.LittleEndian
 	*raw = [HeaderSize]byte{}
 	copy(raw[:], magic[:])
-	le.PutUint32(raw[offVersion:], FormatVersion)
+	le.PutUint32(raw[offVersion:], l.FormatVersion())
 	le.PutUint32(raw[offLength:], HeaderSize)
 	le.PutUint64(raw[offSequence:], 1)
 	copy(raw[offVolumeID:], volumeID[:])

@@ -244,10 +244,10 @@ func TestReadErrors(t *testing.T) {
 		{"geli", func(p *memProvider) { p.put(5, []byte{1}); p.put(p.Size()-512, []byte("GEOM::ELI")) }, ErrNotELI, "geli"},
 		{"version 2", func(p *memProvider) {
 			h := p.bytesAt(0, HeaderSize)
-			binary.LittleEndian.PutUint32(h[offVersion:], 2)
+			binary.LittleEndian.PutUint32(h[offVersion:], 3)
 			p.put(0, h)
 			p.put(copyB(p), h)
-		}, ErrVersion, "eli header version 2 at offset 0 is not supported"},
+		}, ErrVersion, "eli header version 3 at offset 0 is not supported"},
 		{"garbage after the magic", func(p *memProvider) {
 			junk := bytes.Repeat([]byte{0x83}, HeaderSize-len(magic))
 			p.put(int64(len(magic)), junk)

@@ -153,7 +153,7 @@ func DelKey(p provider.Provider, slot int, force bool) error {
 
 // Kill destroys every keyslot in both header copies, so nothing can unlock the volume any
 // more; the rest of the header stays, so eli dump still says what the provider was. A
-// copy that is corrupt but still carries the version 1 magic gets its keyslot area
+// copy that is corrupt but still carries the magic and version 1 or 2 gets its keyslot area
 // zeroed in place. Kill refuses a provider with no eli header (ErrNotELI) or only one of
 // an unknown version (ErrVersion), whose keyslot area it cannot know.
 func Kill(p provider.Provider) error {
@@ -172,7 +172,7 @@ func Kill(p provider.Provider) error {
 	}
 	killed := false
 	for _, c := range cs {
-		if c.raw == nil || !bytes.HasPrefix(c.raw, magic[:]) || binary.LittleEndian.Uint32(c.raw[offVersion:]) != FormatVersion {
+		if c.raw == nil || !bytes.HasPrefix(c.raw, magic[:]) || !knownVersion(binary.LittleEndian.Uint32(c.raw[offVersion:])) {
 			continue
 		}
 		if _, err := p.WriteAt(make([]byte, offReserved-offSlots), c.off+offSlots); err != nil {

@@ -215,7 +215,7 @@ func TestBackupRestore(t *testing.T) {
 		flipped := bytes.Clone(backup)
 		flipped[200] ^= 1
 		v2 := bytes.Clone(backup)
-		binary.LittleEndian.PutUint32(v2[offVersion:], 2)
+		binary.LittleEndian.PutUint32(v2[offVersion:], 3)
 		for _, tc := range []struct {
 			name string
 			b    []byte
@@ -224,7 +224,7 @@ func TestBackupRestore(t *testing.T) {
 			{"flipped bit", flipped, ErrCorrupt},
 			{"truncated", backup[:HeaderSize-1], ErrCorrupt},
 			{"too long", append(bytes.Clone(backup), 0), ErrCorrupt},
-			{"version 2", v2, ErrVersion},
+			{"version 3", v2, ErrVersion},
 			{"not a header", make([]byte, HeaderSize), ErrNotELI},
 		} {
 			q := p.clone()

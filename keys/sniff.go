@@ -76,8 +76,8 @@ func hexPreview(b []byte) string {
 
 // Remnant looks for what is left of a damaged eli header on a provider where Read found
 // no copy with the eli magic: a copy's place (offset 0 or the end) whose fields after the
-// magic still say format version 1, header length 4096 and 8 keyslots, 12 bytes that
-// chance matches with probability 2^-96. It returns where and what it found, or "" if
+// magic still say format version 1 or 2, header length 4096 and 8 keyslots, 12 bytes that
+// chance matches with probability about 2^-95. It returns where and what it found, or "" if
 // nothing looks like eli. Its error is an I/O error.
 func Remnant(p provider.Provider) (string, error) {
 	size := p.Size()
@@ -93,7 +93,7 @@ func Remnant(p provider.Provider) (string, error) {
 		if err := readAt(p, b, off); err != nil {
 			return "", err
 		}
-		if le.Uint32(b[offVersion:]) == FormatVersion && le.Uint32(b[offLength:]) == HeaderSize && le.Uint32(b[offSlotCount:]) == NumSlots {
+		if knownVersion(le.Uint32(b[offVersion:])) && le.Uint32(b[offLength:]) == HeaderSize && le.Uint32(b[offSlotCount:]) == NumSlots {
 			return fmt.Sprintf("a damaged eli header copy at offset %d: its magic is gone, its other fields are an eli header's", off), nil
 		}
 	}

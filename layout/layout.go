@@ -45,14 +45,49 @@ func invalid(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
 }
 
+// Format versions. Version 2 (authenticated modes only) keeps a hash tree over the
+// metadata blocks, whose nodes are nested in the data area, and a journal of two slots
+// that carries the tree's root (docs/format.md, "Format version 2").
+const (
+	Version1 = 1
+	Version2 = 2
+)
+
+// The hash tree of format version 2.
+const (
+	// NodeSize is the length of a tree node: TreeArity digests of 32 bytes.
+	NodeSize = 4096
+	// TreeArity is the number of children of a tree node.
+	TreeArity = 128
+	// TreeDepth is the number of node levels placed in every version 2 data area: 128^7
+	// groups exceed any volume Check accepts, so a volume that grows never needs a node
+	// where a group already lies.
+	TreeDepth = 7
+)
+
 // Layout places a volume's journal and data area on its provider.
 type Layout struct {
+	// Version is Version2 for format version 2, and 0 (the canonical form, so that a
+	// Layout written without it keeps meaning what it always did) or Version1 for
+	// version 1. FormatVersion says which.
+	Version    uint32
 	Mode       sector.Mode
 	SectorSize int    // S: a power of two, 512 to 65536
 	DataOffset int64  // D = HeaderRegionLen + JournalLen
 	JournalLen int64  // J: a multiple of Align; > 0 for authenticated modes, 0 otherwise
 	Sectors    uint64 // N: data sectors exposed
 }
+
+// FormatVersion is the format version, 0 read as Version1.
+func (l Layout) FormatVersion() uint32 {
+	if l.Version == 0 {
+		return Version1
+	}
+	return l.Version
+}
+
+// Tree reports whether the volume keeps a hash tree over its metadata (format version 2).
+func (l Layout) Tree() bool { return l.Version == Version2 }
 
 // MetaSize is the metadata record length per sector: 0 for length-preserving modes.
 func (l Layout) MetaSize() int { return l.Mode.MetaSize() }
@@ -119,6 +154,18 @@ func (l Layout) span() (int64, bool) {
 	}
 	m, r := uint64(l.MetaBlockSize()), uint64(l.RecordsPerGroup())
 	g := m + r*s
+	if l.Tree() {
+		if n == 0 {
+			return 0, true
+		}
+		last := (n - 1) / r
+		start := l.unitStart(0, last)
+		span := addSat(start, m+(n-last*r)*s)
+		if span > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(span), true
+	}
 	full, rest := n/r, n%r
 	if full > math.MaxInt64/g {
 		return 0, false
@@ -147,7 +194,81 @@ func (l Layout) DataPos(i uint64) int64 {
 }
 
 // BlockPos is where group g's metadata block is stored.
-func (l Layout) BlockPos(g uint64) int64 { return l.DataOffset + int64(g)*l.GroupLen() }
+func (l Layout) BlockPos(g uint64) int64 {
+	if l.Tree() {
+		return l.DataOffset + int64(l.unitStart(0, g))
+	}
+	return l.DataOffset + int64(g)*l.GroupLen()
+}
+
+// NodePos is where tree node index of level (1 to TreeDepth) is stored (format version 2).
+//
+// The data area of a version 2 volume is one level-TreeDepth unit: a unit of level L ≥ 1 is
+// its level-L node followed by up to TreeArity units of level L−1, and a unit of level 0 is a
+// group. So a level-1 node precedes every 128 groups, a level-2 node every 128 of those, and
+// positions follow from the indexes alone, whatever the volume's size.
+func (l Layout) NodePos(level int, index uint64) int64 {
+	if level < 1 || level > TreeDepth {
+		panic("layout: tree level out of range")
+	}
+	return l.DataOffset + int64(l.unitStart(level, index))
+}
+
+// unitLen is the length of a full unit of level (saturating at MaxUint64).
+func (l Layout) unitLen(level int) uint64 {
+	u := uint64(l.GroupLen())
+	for range level {
+		u = addSat(NodeSize, mulSat(TreeArity, u))
+	}
+	return u
+}
+
+// unitStart is the offset in the data area of unit index of level (saturating).
+func (l Layout) unitStart(level int, index uint64) uint64 {
+	var off uint64
+	u := l.unitLen(level)
+	for m := level; m < TreeDepth; m++ {
+		k := index % TreeArity
+		if k != 0 {
+			off = addSat(off, mulSat(k, u))
+		}
+		off = addSat(off, NodeSize)
+		index /= TreeArity
+		u = addSat(NodeSize, mulSat(TreeArity, u))
+	}
+	return off
+}
+
+func addSat(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
+}
+
+func mulSat(a, b uint64) uint64 {
+	if a != 0 && b > math.MaxUint64/a {
+		return math.MaxUint64
+	}
+	return a * b
+}
+
+// JournalSlots is the number of journal slots: two in format version 2, written
+// alternately, one otherwise.
+func (l Layout) JournalSlots() int {
+	if l.Tree() {
+		return 2
+	}
+	return 1
+}
+
+// JournalSlotLen is the length of one journal slot.
+func (l Layout) JournalSlotLen() int64 { return l.JournalLen / int64(l.JournalSlots()) }
+
+// JournalSlotOffset is where journal slot k (0 or 1) starts.
+func (l Layout) JournalSlotOffset(k int) int64 {
+	return l.JournalOffset() + int64(k)*l.JournalSlotLen()
+}
 
 // RecordPos is where sector i's metadata record is stored.
 func (l Layout) RecordPos(i uint64) int64 {
@@ -194,6 +315,15 @@ func (l Layout) Check() error {
 	if !l.Mode.Valid() {
 		return invalid("mode %d is not a known cipher mode", uint8(l.Mode))
 	}
+	switch l.Version {
+	case 0, Version1:
+	case Version2:
+		if !l.Mode.Authenticated() {
+			return invalid("format version 2 is for authenticated modes; %s is length-preserving", l.Mode)
+		}
+	default:
+		return invalid("format version %d is not 1 or 2", l.Version)
+	}
 	if !sector.ValidSectorSize(l.SectorSize) {
 		return invalid("sector size %d is not a power of two from %d to %d",
 			l.SectorSize, sector.MinSectorSize, sector.MaxSectorSize)
@@ -235,7 +365,15 @@ func (l Layout) Validate(size int64) error {
 // of size bytes in mode. journalLen is the journal's length for authenticated modes (0:
 // DefaultJournalLen) and must be 0 for length-preserving ones.
 func Plan(size int64, sectorSize int, mode sector.Mode, journalLen int64) (Layout, error) {
-	l := Layout{Mode: mode, SectorSize: sectorSize, Sectors: 1}
+	return PlanVersion(Version1, size, sectorSize, mode, journalLen)
+}
+
+// PlanVersion is Plan for a format version (Version2 for authenticated modes only).
+func PlanVersion(version uint32, size int64, sectorSize int, mode sector.Mode, journalLen int64) (Layout, error) {
+	if version == Version1 {
+		version = 0
+	}
+	l := Layout{Version: version, Mode: mode, SectorSize: sectorSize, Sectors: 1}
 	if mode.Valid() && mode.Authenticated() {
 		if journalLen == 0 {
 			journalLen = DefaultJournalLen
@@ -263,6 +401,22 @@ func Plan(size int64, sectorSize int, mode sector.Mode, journalLen int64) (Layou
 			n += min(r, (rem-m)/s)
 		}
 		l.Sectors = uint64(n)
+		if l.Tree() {
+			// Nodes take a little of the room: the most sectors that fit, by bisection
+			// (the end grows with the sector count).
+			limit := DataLimit(size)
+			lo, hi := uint64(1), l.Sectors
+			for lo < hi {
+				mid := lo + (hi-lo+1)/2
+				l.Sectors = mid
+				if l.End() <= limit {
+					lo = mid
+				} else {
+					hi = mid - 1
+				}
+			}
+			l.Sectors = lo
+		}
 	}
 	return l, l.Validate(size)
 }

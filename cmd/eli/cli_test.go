@@ -455,3 +455,36 @@ func TestCompletion(t *testing.T) {
 		t.Errorf("--cipher completion: %s", r.Stdout)
 	}
 }
+
+// TestFormatVersions: init makes format version 2 for xchacha20-poly1305 unless --format 1
+// asks otherwise; dump shows the version, and for version 2 the generation and root of the
+// newest journal slot, marked unverified; --format 2 is refused for length-preserving modes.
+func TestFormatVersions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	img := e.initVolume("v2.img", "16M")
+	out := e.OK("dump", img).Stdout
+	if !strings.Contains(out, "version:        2\n") || !strings.Contains(out, "generation:     0 (never written)") {
+		t.Fatalf("dump of a new default volume:\n%s", out)
+	}
+	sock := e.attach(img)
+	c := dial(t, sock)
+	if err := c.WriteAt(bytes.Repeat([]byte("v2"), 5000), 4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	e.OK("detach", "v2.img")
+	out = e.OK("dump", img).Stdout
+	if !strings.Contains(out, "(unverified: read without the key)") || !strings.Contains(out, "tree root:") || strings.Contains(out, "generation:     0") {
+		t.Fatalf("dump after a write:\n%s", out)
+	}
+	v1 := e.initVolume("v1.img", "16M", "--format", "1")
+	out = e.OK("dump", v1).Stdout
+	if !strings.Contains(out, "version:        1\n") || strings.Contains(out, "generation") {
+		t.Fatalf("dump of a --format 1 volume:\n%s", out)
+	}
+	e.FailsCode(2, "authenticated modes", append([]string{"init", "--passphrase-file", e.Pass, "--size", "16M", "--cipher", "aes-xts", "--format", "2"}, append(elitest.QuickKDF, e.Path("x.img"))...)...)
+}

@@ -24,6 +24,7 @@ type initOptions struct {
 	backup     string
 	unsafe     bool
 	force      bool
+	format     int
 	creds      credFlags
 	kdf        kdfFlags
 }
@@ -74,6 +75,7 @@ Modes (--cipher):
 	f.StringVarP(&o.backup, "backup", "B", "", "also write a header backup to FILE (see 'eli restore')")
 	f.BoolVar(&o.unsafe, "unsafe", false, "allow the UNSAFE *-xts ChaCha modes (benchmark parity only) and none (no encryption)")
 	f.BoolVarP(&o.force, "force", "f", false, "overwrite an existing eli volume")
+	f.IntVar(&o.format, "format", 0, "on-disk format version: 2 (hash tree, the default for xchacha20-poly1305) or 1 (no tree; the only one for length-preserving modes)")
 	addCredFlags(cmd, &o.creds, "j", "k", "p")
 	addKDFFlags(cmd, &o.kdf)
 	cmd.RegisterFlagCompletionFunc("cipher", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
@@ -183,7 +185,18 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 	if err != nil {
 		return err
 	}
-	l, err := layout.Plan(p.Size(), o.sectorSize, mode, journal)
+	version := uint32(layout.Version1)
+	switch {
+	case o.format == 0 && mode.Authenticated():
+		version = layout.Version2
+	case o.format == 2 && !mode.Authenticated():
+		return usageError{fmt.Errorf("--format 2 is for authenticated modes; %s is length-preserving", mode)}
+	case o.format == 1 || o.format == 2:
+		version = uint32(o.format)
+	case o.format != 0:
+		return usageError{fmt.Errorf("--format %d: the format versions are 1 and 2", o.format)}
+	}
+	l, err := layout.PlanVersion(version, p.Size(), o.sectorSize, mode, journal)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
@@ -213,8 +226,8 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 	if note != "" {
 		fmt.Fprintln(out, note)
 	}
-	fmt.Fprintf(out, "initialized %s: %s, %d-byte sectors, %s usable, volume %s\n",
-		path, mode, o.sectorSize, formatSize(l.Size()), hex.EncodeToString(h.VolumeID[:]))
+	fmt.Fprintf(out, "initialized %s: %s, %d-byte sectors, %s usable, format version %d, volume %s\n",
+		path, mode, o.sectorSize, formatSize(l.Size()), h.Version, hex.EncodeToString(h.VolumeID[:]))
 	fmt.Fprintf(out, "keyslot 0: %s, %v\n", creds.toKeys().Uses(), kdf)
 	if o.backup != "" {
 		if err := writeFileExcl(o.backup, h.Backup()); err != nil {

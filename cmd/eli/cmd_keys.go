@@ -1,11 +1,14 @@
 package main
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
+	"github.com/elidisk/eli/blockdev"
 	"github.com/elidisk/eli/keys"
 	"github.com/spf13/cobra"
 )
@@ -15,8 +18,12 @@ func newDumpCmd(g *globalOptions) *cobra.Command {
 		Use:   "dump PROVIDER|BACKUP",
 		Short: "Print the header's fields (never secrets)",
 		Long: `Dump prints every field of the eli header of a provider, or of a header backup
-file: layout, volume ID, keyslots and their KDF parameters. It never prints key
-material and needs no passphrase.`,
+file: format version, layout, volume ID, keyslots and their KDF parameters. For a
+format version 2 provider it also prints the generation and hash tree root of the
+newest journal slot; without the key these are unverified (a slot that a crash
+tore, or that someone forged, looks the same), so they say what the provider
+claims, not what attach will accept. It never prints key material and needs no
+passphrase.`,
 		Example: "  eli dump disk.img\n  eli dump disk.eli-backup",
 		Args:    exactArgs("PROVIDER|BACKUP"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -25,6 +32,9 @@ material and needs no passphrase.`,
 				return err
 			}
 			fmt.Fprint(cmd.OutOrStdout(), h.Dump())
+			if h.Copy != keys.CopyNone && h.Layout.Tree() {
+				return dumpFreshness(cmd.OutOrStdout(), args[0], h)
+			}
 			return nil
 		},
 	}
@@ -274,4 +284,25 @@ size, unless --force is given.`,
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "restore a backup of another volume or size")
 	return cmd
+}
+
+// dumpFreshness prints the generation and root of a version 2 provider's newest journal
+// slot, read without the key.
+func dumpFreshness(w io.Writer, path string, h *keys.Header) error {
+	p, err := openReadOnly(path)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	f, ok, err := blockdev.PeekFreshness(p, h.Layout)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		fmt.Fprintf(w, "%-15s %s\n", "generation:", "0 (never written)")
+		return nil
+	}
+	fmt.Fprintf(w, "%-15s %d (unverified: read without the key)\n", "generation:", f.Generation)
+	fmt.Fprintf(w, "%-15s %s (unverified)\n", "tree root:", hex.EncodeToString(f.Root[:]))
+	return nil
 }

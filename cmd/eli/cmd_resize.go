@@ -49,7 +49,7 @@ read as zeroes. Shrinking is refused. The volume must not be attached.`,
 				}
 			}
 			old := h.Layout
-			l, err := layout.Plan(p.Size(), h.SectorSize, h.Mode, h.JournalLen)
+			l, err := layout.PlanVersion(h.Layout.Version, p.Size(), h.SectorSize, h.Mode, h.JournalLen)
 			if err != nil {
 				return err
 			}

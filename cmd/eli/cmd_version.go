@@ -27,7 +27,7 @@ func newVersionCmd() *cobra.Command {
 				}
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "eli %s (format version 1, %s, %s/%s)\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			fmt.Fprintf(out, "eli %s (format versions 1 and 2, %s, %s/%s)\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 			// Which code seals: the bytes are the same everywhere, the speed is not.
 			for _, m := range []sector.Mode{sector.ModeXChaCha20Poly1305, sector.ModeAESXTS256, sector.ModeChaCha20XTS} {
 				fmt.Fprintf(out, "  %-19s %s\n", m.String()+":", sector.Implementation(m))

@@ -29,6 +29,25 @@ func NewGeometry(leaves uint64) Geometry {
 	return Geometry{widths: w}
 }
 
+// NewFixedGeometry is the geometry of a tree over leaves ≥ 1 leaves with exactly levels
+// interior levels, the top one a single node, however few the leaves: a tree that keeps
+// its shape, and its root, when leaves are added (their digests zero). It panics if
+// Arity^levels leaves do not cover leaves.
+func NewFixedGeometry(leaves uint64, levels int) Geometry {
+	if leaves == 0 || levels < 1 {
+		panic("tree: no leaves or no levels")
+	}
+	w := []uint64{leaves}
+	for range levels {
+		prev := w[len(w)-1]
+		w = append(w, (prev+Arity-1)/Arity)
+	}
+	if w[len(w)-1] != 1 {
+		panic("tree: too many leaves for the levels")
+	}
+	return Geometry{widths: w}
+}
+
 // Levels is the number of interior levels; the top node is at level Levels().
 func (g Geometry) Levels() int { return len(g.widths) - 1 }
 
@@ -261,7 +280,10 @@ type Leaf struct {
 type NodeWrite struct {
 	Level int
 	Index uint64
-	Data  []byte // a copy, the caller's to keep
+	// Data is the cached node itself, pinned: the caller reads it (to write it) and
+	// never changes it. It holds the node's newest content until Written, so it is not a
+	// snapshot: a later Update before Written changes it (and writes it again).
+	Data []byte
 }
 
 // Commit is what an Update changed: the nodes to write and the new root.
@@ -342,7 +364,7 @@ func (t *Tree) Update(leaves []Leaf) (*Commit, error) {
 	c.Root = t.root
 	c.keys = keys
 	for _, k := range keys {
-		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: append([]byte(nil), t.nodes[k].data...)})
+		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: t.nodes[k].data})
 	}
 	return c, nil
 }
@@ -371,4 +393,73 @@ func (t *Tree) unpin(n *node) {
 	if n.pending--; n.pending == 0 {
 		n.elem = t.lru.PushFront(n)
 	}
+}
+
+// Recover is the tree whose interior nodes are those the store holds now, with the leaves'
+// digests set: every node on their paths is read without verification, patched, and hashed
+// up to a root. It is for crash recovery, where the nodes on the paths of the interrupted
+// commit may be old, new or torn on disk while every other slot of theirs is the same in
+// both versions: so the recomputed root is the journal's root exactly when nothing else
+// changed. The caller compares Root with the root it trusts before it keeps anything.
+//
+// The path nodes stay cached and pinned until Written(c); with no leaves, only the top
+// node is read, and c has nothing to write.
+func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Commit, error) {
+	t := New(g, store, Digest{}, maxNodes)
+	top := nodeKey{g.Levels(), 0}
+	changed := map[nodeKey]bool{top: true}
+	for _, l := range leaves {
+		if l.Index >= g.Width(0) {
+			return nil, nil, fmt.Errorf("tree: leaf %d of %d", l.Index, g.Width(0))
+		}
+		for k := (nodeKey{1, l.Index / Arity}); !changed[k]; k, _ = t.parentOf(k) {
+			changed[k] = true
+		}
+	}
+	keys := make([]nodeKey, 0, len(changed))
+	for k := range changed {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].level != keys[j].level {
+			return keys[i].level < keys[j].level
+		}
+		return keys[i].index < keys[j].index
+	})
+	for _, k := range keys {
+		n := &node{key: k, data: make([]byte, NodeSize)}
+		if err := store.ReadNode(k.level, k.index, n.data); err != nil {
+			return nil, nil, fmt.Errorf("read tree node %d/%d: %w", k.level, k.index, err)
+		}
+		n.h.Reset(n.data)
+		t.nodes[k] = n
+	}
+	for _, l := range leaves {
+		n := t.nodes[nodeKey{1, l.Index / Arity}]
+		off := int(l.Index%Arity) * DigestSize
+		copy(n.data[off:], l.Digest[:])
+		n.h.Update(n.data, off, DigestSize)
+	}
+	c := &Commit{}
+	for _, k := range keys {
+		n := t.nodes[k]
+		d := n.h.Digest(k.level, k.index)
+		if k == top {
+			t.root = d
+		} else {
+			pk, slot := t.parentOf(k)
+			p := t.nodes[pk]
+			copy(p.data[slot*DigestSize:], d[:])
+			p.h.Update(p.data, slot*DigestSize, DigestSize)
+		}
+		if len(leaves) == 0 {
+			n.elem = t.lru.PushFront(n)
+			continue
+		}
+		n.pending = 1
+		c.keys = append(c.keys, k)
+		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: n.data})
+	}
+	c.Root = t.root
+	return t, c, nil
 }
