@@ -33,9 +33,12 @@ type Config struct {
 	Device      string `json:"device,omitempty"`
 	Connections int    `json:"connections,omitempty"`
 	// WriteThrough: see Options.WriteThrough (attach --device sets it unless --write-back).
-	WriteThrough bool   `json:"write_through,omitempty"`
-	CacheBytes   int64  `json:"cache_bytes,omitempty"`
-	LogFile      string `json:"log_file,omitempty"`
+	WriteThrough bool `json:"write_through,omitempty"`
+	// Witness and AcceptRollback: see Options.
+	Witness        string `json:"witness,omitempty"`
+	AcceptRollback bool   `json:"accept_rollback,omitempty"`
+	CacheBytes     int64  `json:"cache_bytes,omitempty"`
+	LogFile        string `json:"log_file,omitempty"`
 
 	// Onetime volumes have no header: the mode and sector size come from here, and the
 	// provider is formatted by the server before it is served.
@@ -47,7 +50,8 @@ type Config struct {
 
 // Options are the Open options cfg asks for.
 func (cfg *Config) Options(log *slog.Logger) Options {
-	o := Options{ReadOnly: cfg.ReadOnly, CacheBytes: cfg.CacheBytes, Logger: log, WriteThrough: cfg.WriteThrough}
+	o := Options{ReadOnly: cfg.ReadOnly, CacheBytes: cfg.CacheBytes, Logger: log, WriteThrough: cfg.WriteThrough,
+		Witness: cfg.Witness, AcceptRollback: cfg.AcceptRollback}
 	if cfg.Onetime {
 		o.Onetime = &Onetime{Mode: cfg.Mode, SectorSize: cfg.SectorSize}
 	}

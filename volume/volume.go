@@ -34,6 +34,13 @@ type Options struct {
 	// data. Length-preserving modes write before they acknowledge anyway, so it changes
 	// nothing for them.
 	WriteThrough bool
+	// Witness is the file that records a format version 2 volume's freshness outside
+	// the provider (see witness.go): Open refuses a provider older than it, and the
+	// volume keeps it up to date. Empty: no witness. Version 1 volumes have none.
+	Witness string
+	// AcceptRollback opens a provider older than its witness knowingly (after restoring
+	// an image on purpose) and resets the witness to it.
+	AcceptRollback bool
 }
 
 // Onetime is the geometry of a header-less volume (eli onetime).
@@ -51,6 +58,8 @@ type Volume struct {
 	mode  sector.Mode
 	ro    bool
 	fua   blockdev.Flags // FUA under write-through in the batching (authenticated) modes
+	wit   *witness       // nil without one
+	log   *slog.Logger
 
 	reads, writes, zeroes, trims, flushes, caches atomic.Uint64
 	bytesRead, bytesWritten                       atomic.Uint64
@@ -98,23 +107,66 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	if err != nil {
 		return nil, err
 	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var wit *witness
+	var seen *blockdev.Freshness // what the witness holds, if anything
+	var minGen uint64
+	var onFlushed func(uint64, [32]byte)
+	if opts.Witness != "" && l.Version >= 2 {
+		if seen, err = readWitness(opts.Witness, mk.VolumeID()); err != nil {
+			codec.Wipe()
+			return nil, err
+		}
+		if seen != nil && !opts.AcceptRollback {
+			minGen = seen.Generation
+		}
+		wit = newWitness(opts.Witness, mk.VolumeID(), log)
+		onFlushed = wit.record
+	}
 	jk := mk.JournalKey()
 	defer jk.Wipe()
 	dev, err := blockdev.Open(p, blockdev.Config{
-		Layout:     l,
-		Codec:      codec,
-		JournalKey: jk.Bytes(),
-		ReadOnly:   opts.ReadOnly,
-		CacheBytes: opts.CacheBytes,
-		Logger:     opts.Logger,
+		Layout:        l,
+		Codec:         codec,
+		JournalKey:    jk.Bytes(),
+		ReadOnly:      opts.ReadOnly,
+		CacheBytes:    opts.CacheBytes,
+		Logger:        opts.Logger,
+		MinGeneration: minGen,
+		OnFlushed:     onFlushed,
 	})
 	if err != nil {
 		codec.Wipe()
+		if wit != nil {
+			wit.close()
+		}
+		if errors.Is(err, blockdev.ErrRolledBack) {
+			err = fmt.Errorf("%w (witness %s). Someone put back an older image of the provider; if you restored it on purpose, attach with --accept-rollback", err, opts.Witness)
+		}
 		return nil, err
 	}
-	v := &Volume{dev: dev, codec: codec, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1)}
+	v := &Volume{dev: dev, codec: codec, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log}
 	if opts.WriteThrough && mode.Authenticated() {
 		v.fua = blockdev.FUA
+	}
+	if f, ok := dev.Freshness(); ok && wit != nil {
+		if seen != nil && !opts.AcceptRollback && f.Generation == seen.Generation && f.Root != seen.Root {
+			v.Close()
+			return nil, fmt.Errorf("the provider is at generation %d as its witness %s says, but with another root: "+
+				"a copy of the provider was written since (a fork); attach the copy you trust with --accept-rollback", f.Generation, opts.Witness)
+		}
+		if seen != nil && f.Generation > seen.Generation {
+			log.Info("provider newer than its witness: a flush that the witness had not recorded yet", "witness", opts.Witness,
+				"witness_generation", seen.Generation, "generation", f.Generation)
+		}
+		if opts.AcceptRollback && seen != nil && f.Generation < seen.Generation {
+			log.Warn("rollback accepted: the witness is reset to the provider", "witness", opts.Witness,
+				"witness_generation", seen.Generation, "generation", f.Generation)
+		}
+		wit.record(f.Generation, f.Root)
 	}
 	return v, nil
 }
@@ -125,8 +177,17 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 func (v *Volume) Close() error {
 	err := v.dev.Close()
 	v.codec.Wipe()
+	if v.wit != nil {
+		// Its failure is logged where it happened; the data is safe either way, only a
+		// rollback to this state would go unnoticed.
+		v.wit.close()
+	}
 	return err
 }
+
+// Freshness is the generation and root of a format version 2 volume's hash tree at its
+// last completed flush; ok is false for version 1.
+func (v *Volume) Freshness() (blockdev.Freshness, bool) { return v.dev.Freshness() }
 
 // Mode is the volume's cipher mode.
 func (v *Volume) Mode() sector.Mode { return v.mode }

@@ -34,6 +34,8 @@ type attachOptions struct {
 	device      string
 	connections int
 	writeBack   bool
+	witness     string
+	rollback    bool
 	slot        int
 	cacheMiB    int
 	creds       credFlags
@@ -74,6 +76,8 @@ ready, leaving a server process behind; the last line it prints is the NBD URI.
 	addCPUProfileFlag(cmd)
 	f.IntVarP(&o.slot, "slot", "n", keys.AnySlot, "try only keyslot N (0-7)")
 	f.BoolVarP(&o.readOnly, "readonly", "r", false, "serve read-only")
+	f.StringVar(&o.witness, "witness", "", "the file that records how far this volume has come, to refuse an older image of it (default: "+witnessDirHelp+"/VOLUME-ID)")
+	f.BoolVar(&o.rollback, "accept-rollback", false, "attach a provider older than its witness knowingly (an image restored on purpose), and reset the witness to it")
 	addServeFlags(cmd, o)
 	return cmd
 }
@@ -238,6 +242,14 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 		warnf("%s: %s", path, w)
 	}
 	cfg.VolumeID = h.VolumeID
+	if h.Layout.Version >= 2 {
+		if cfg.Witness, err = witnessPath(o.witness, h.VolumeID); err != nil {
+			return nil, err
+		}
+		cfg.AcceptRollback = o.rollback
+	} else if o.witness != "" || o.rollback {
+		warnf("%s: a format version 1 volume has no generation to witness; --witness and --accept-rollback do nothing", path)
+	}
 	ok = true
 	return &attachment{cfg: cfg, lock: lock, p: p, mk: mk}, nil
 }

@@ -83,7 +83,8 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 	// session attaches the volume as 'eli attach' does, runs f with an NBD client, and
 	// detaches; the name and the provider are free again when it returns.
 	session := func(f func(c *nbdclient.Client) error) error {
-		o := &attachOptions{slot: keys.AnySlot, connections: 1, cacheMiB: 16, creds: credFlags{passphraseFile: pass}}
+		o := &attachOptions{slot: keys.AnySlot, connections: 1, cacheMiB: 16, creds: credFlags{passphraseFile: pass},
+			witness: filepath.Join(dir, "witness")} // the demo leaves nothing outside its directory
 		a, err := prepareAttach(sd, o, img)
 		if err != nil {
 			return err

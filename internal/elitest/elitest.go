@@ -81,7 +81,7 @@ func (r Result) String() string {
 func (c *CLI) Command(args ...string) *exec.Cmd {
 	cmd := exec.Command(c.Bin, args...)
 	cmd.Dir = c.Dir
-	cmd.Env = append(os.Environ(), "ELI_STATE_DIR="+c.State)
+	cmd.Env = append(os.Environ(), "ELI_STATE_DIR="+c.State, "ELI_WITNESS_DIR="+filepath.Join(c.Dir, "witness"))
 	return cmd
 }
 

@@ -1,0 +1,186 @@
+package volume
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/elidisk/eli/blockdev"
+)
+
+// A witness is a small file outside the provider that remembers how far a format
+// version 2 volume has come: its volume ID and the generation and root of its hash tree
+// at the last completed flush. Whoever can write the provider can put back an older
+// image of all of it, tree and journal included, and that image is consistent; only
+// something the provider's writer cannot reach tells it from the current one. Attach
+// refuses a provider older than its witness, accepts a newer one (a crash between the
+// provider's flush and the witness's update), and moves the witness forward.
+//
+// The witness is written after the flush it records has completed, by a goroutine of
+// its own, so flushes never wait for it; it may lag behind the provider, never run
+// ahead of it.
+
+// witnessRecord is the witness file's content.
+type witnessRecord struct {
+	VolumeID   string `json:"volume_id"`
+	Generation uint64 `json:"generation"`
+	Root       string `json:"root"`
+}
+
+// maxWitnessSize bounds what is read from a witness file before it is trusted.
+const maxWitnessSize = 4096
+
+// readWitness reads the witness at path for volume id; (nil, nil) when there is none.
+func readWitness(path string, id [16]byte) (*blockdev.Freshness, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("witness %s: %w", path, err)
+	}
+	defer f.Close()
+	b := make([]byte, maxWitnessSize+1)
+	n, err := f.Read(b)
+	if err != nil && n == 0 {
+		return nil, fmt.Errorf("witness %s: %w", path, err)
+	}
+	if n > maxWitnessSize {
+		return nil, fmt.Errorf("witness %s: larger than %d bytes: not a witness", path, maxWitnessSize)
+	}
+	var r witnessRecord
+	if err := json.Unmarshal(b[:n], &r); err != nil {
+		return nil, fmt.Errorf("witness %s is damaged (%v): remove it to trust the provider as it is", path, err)
+	}
+	if r.VolumeID != hex.EncodeToString(id[:]) {
+		return nil, fmt.Errorf("witness %s belongs to volume %s, not %x: give this volume's with --witness", path, r.VolumeID, id)
+	}
+	root, err := hex.DecodeString(r.Root)
+	if err != nil || len(root) != 32 {
+		return nil, fmt.Errorf("witness %s is damaged (root %q): remove it to trust the provider as it is", path, r.Root)
+	}
+	w := &blockdev.Freshness{Generation: r.Generation}
+	copy(w.Root[:], root)
+	return w, nil
+}
+
+// writeWitness replaces the witness at path with f, durably: a crash leaves the old
+// witness or the new one, never a torn one.
+func writeWitness(path string, id [16]byte, f blockdev.Freshness) error {
+	b, err := json.Marshal(witnessRecord{VolumeID: hex.EncodeToString(id[:]), Generation: f.Generation, Root: hex.EncodeToString(f.Root[:])})
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename, there is nothing to remove
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// witness keeps a witness file up to date from a volume's flushes.
+type witness struct {
+	path string
+	id   [16]byte
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	latest  blockdev.Freshness // the newest flushed state reported
+	written uint64             // the generation the file holds (0: none written yet)
+	err     error              // the last write's failure, until a write succeeds
+	kick    chan struct{}
+	done    chan struct{}
+	stopped chan struct{}
+}
+
+func newWitness(path string, id [16]byte, log *slog.Logger) *witness {
+	w := &witness{path: path, id: id, log: log, kick: make(chan struct{}, 1), done: make(chan struct{}), stopped: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+// record notes a completed flush's state; the file follows shortly.
+func (w *witness) record(gen uint64, root [32]byte) {
+	w.mu.Lock()
+	if gen >= w.latest.Generation {
+		w.latest = blockdev.Freshness{Generation: gen, Root: root}
+	}
+	w.mu.Unlock()
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (w *witness) run() {
+	defer close(w.stopped)
+	for {
+		select {
+		case <-w.kick:
+			w.flush()
+		case <-w.done:
+			return
+		}
+	}
+}
+
+// flush writes the latest state if the file does not hold it yet.
+func (w *witness) flush() error {
+	w.mu.Lock()
+	f := w.latest
+	if f.Generation == 0 || f.Generation == w.written {
+		err := w.err
+		w.mu.Unlock()
+		return err
+	}
+	w.mu.Unlock()
+	err := writeWitness(w.path, w.id, f)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		if w.err == nil {
+			w.log.Error("witness not updated: a rollback of the provider to this state would go unnoticed", "witness", w.path, "generation", f.Generation, "err", err)
+		}
+		w.err = err
+		return err
+	}
+	w.written, w.err = f.Generation, nil
+	return nil
+}
+
+// close stops the writer and writes the latest state one last time, returning whether
+// the file holds it.
+func (w *witness) close() error {
+	close(w.done)
+	<-w.stopped
+	return w.flush()
+}
