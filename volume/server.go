@@ -164,7 +164,7 @@ func (s *Server) Start(v *Volume) error {
 
 	dev, ino, _ := FileID(s.cfg.Provider)
 	s.rec = &Record{
-		Name: s.cfg.Name, Provider: s.cfg.Provider, Dev: dev, Ino: ino, Mode: v.Mode().String(),
+		Name: s.cfg.Name, Provider: s.cfg.Provider, Dev: dev, Ino: ino, Mode: v.Mode().String(), Format: v.Format(),
 		SectorSize: v.SectorSize(), Size: v.Size(), Socket: s.cfg.Socket, Listen: s.tcpAddr, URI: UnixURI(s.cfg.Socket),
 		Device: s.cfg.Device, DeviceIdx: s.devIndex, ReadOnly: s.cfg.ReadOnly, Onetime: s.cfg.Onetime,
 		Pid: os.Getpid(), Log: s.cfg.LogFile,

@@ -43,6 +43,7 @@ type Record struct {
 	Dev        uint64 `json:"dev"`
 	Ino        uint64 `json:"ino"`
 	Mode       string `json:"mode"`
+	Format     int    `json:"format"` // on-disk format version: 1, or 2 with the hash tree
 	SectorSize int    `json:"sector_size"`
 	Size       int64  `json:"size"`
 	Socket     string `json:"socket"`

@@ -59,6 +59,7 @@ type Volume struct {
 	ro    bool
 	fua   blockdev.Flags // FUA under write-through in the batching (authenticated) modes
 	wit   *witness       // nil without one
+	fmtv  int            // format version
 	log   *slog.Logger
 
 	reads, writes, zeroes, trims, flushes, caches atomic.Uint64
@@ -148,7 +149,8 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		}
 		return nil, err
 	}
-	v := &Volume{dev: dev, codec: codec, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log}
+	v := &Volume{dev: dev, codec: codec, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log,
+		fmtv: int(max(l.Version, layout.Version1))}
 	if opts.WriteThrough && mode.Authenticated() {
 		v.fua = blockdev.FUA
 	}
@@ -191,6 +193,9 @@ func (v *Volume) Freshness() (blockdev.Freshness, bool) { return v.dev.Freshness
 
 // Mode is the volume's cipher mode.
 func (v *Volume) Mode() sector.Mode { return v.mode }
+
+// Format is the volume's on-disk format version (1, or 2 with the hash tree).
+func (v *Volume) Format() int { return v.fmtv }
 
 // SectorSize is the unit below which writes are read-modify-write.
 func (v *Volume) SectorSize() int { return v.dev.SectorSize() }

@@ -468,6 +468,12 @@ func TestFormatVersions(t *testing.T) {
 		t.Fatalf("dump of a new default volume:\n%s", out)
 	}
 	sock := e.attach(img)
+	if out := e.OK("list").Stdout; !strings.Contains(out, "xchacha20-poly1305 v2") {
+		t.Errorf("list does not say the volume is format version 2:\n%s", out)
+	}
+	if out := e.OK("list", "--json").Stdout; !strings.Contains(out, `"format": 2`) {
+		t.Errorf("list --json has no format 2:\n%s", out)
+	}
 	c := dial(t, sock)
 	if err := c.WriteAt(bytes.Repeat([]byte("v2"), 5000), 4096, false); err != nil {
 		t.Fatal(err)

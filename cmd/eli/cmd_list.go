@@ -64,6 +64,9 @@ Records left by servers that were killed are cleaned up on the way.`,
 					dev = "-"
 				}
 				mode := r.Mode
+				if r.Format > 1 {
+					mode += fmt.Sprintf(" v%d", r.Format)
+				}
 				if r.ReadOnly {
 					mode += " (ro)"
 				}
