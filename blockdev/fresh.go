@@ -7,7 +7,6 @@ import (
 
 	"github.com/elidisk/eli/blockdev/internal/tree"
 	"github.com/elidisk/eli/layout"
-	"github.com/elidisk/eli/sector"
 )
 
 // Freshness in format version 2 (docs/format.md, "Format version 2"; docs/design.md,
@@ -212,22 +211,10 @@ func (a *authEngine) recover2(minGen uint64) error {
 	chosen := make([]journalEntry, len(cur.entries))
 	changed := make(map[uint64]bool)
 	for k, e := range cur.entries {
-		choice := e.old
-		if e.new.isZero() {
-			choice = e.new
-		} else {
-			if _, err := a.p.ReadAt(buf, a.geo.dataPos(e.index)); err != nil {
-				return fmt.Errorf("read sector %d: %w", e.index, err)
-			}
-			err := a.codec.Open(e.index, buf, e.new[:])
-			switch {
-			case err == nil:
-				choice = e.new
-			case !errors.Is(err, sector.ErrAuth):
-				return fmt.Errorf("open sector %d: %w", e.index, err)
-			}
+		choice, err := a.choose(e, buf)
+		if err != nil {
+			return err
 		}
-		clear(buf)
 		chosen[k] = journalEntry{index: e.index, old: choice, new: choice}
 		if choice == e.new {
 			a.rec.RolledForward++

@@ -46,22 +46,10 @@ func (a *authEngine) recover(minGen uint64) error {
 		}
 	}()
 	for _, e := range entries {
-		choice := e.old
-		if e.new.isZero() {
-			choice = e.new
-		} else {
-			if _, err := a.p.ReadAt(buf, a.geo.dataPos(e.index)); err != nil {
-				return fmt.Errorf("read sector %d: %w", e.index, err)
-			}
-			err := a.codec.Open(e.index, buf, e.new[:])
-			switch {
-			case err == nil:
-				choice = e.new
-			case !errors.Is(err, sector.ErrAuth):
-				return fmt.Errorf("open sector %d: %w", e.index, err)
-			}
+		choice, err := a.choose(e, buf)
+		if err != nil {
+			return err
 		}
-		clear(buf)
 		if choice == e.new {
 			a.rec.RolledForward++
 		} else {
@@ -103,4 +91,25 @@ func (a *authEngine) recover(minGen uint64) error {
 func (j *journal) wipe() {
 	wipe.AEADKey(j.aead)
 	j.aead = nil
+}
+
+// choose is recovery's decision for one journal entry: the new record if the sector's data
+// on the provider opens with it (a zero new record always counts as opening), the old one
+// otherwise. buf is scratch of one sector, cleared after use.
+func (a *authEngine) choose(e journalEntry, buf []byte) (record, error) {
+	if e.new.isZero() {
+		return e.new, nil
+	}
+	defer clear(buf)
+	if _, err := a.p.ReadAt(buf, a.geo.dataPos(e.index)); err != nil {
+		return record{}, fmt.Errorf("read sector %d: %w", e.index, err)
+	}
+	err := a.codec.Open(e.index, buf, e.new[:])
+	switch {
+	case err == nil:
+		return e.new, nil
+	case errors.Is(err, sector.ErrAuth):
+		return e.old, nil
+	}
+	return record{}, fmt.Errorf("open sector %d: %w", e.index, err)
 }

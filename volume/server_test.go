@@ -105,25 +105,32 @@ func TestErrorOffsetEndToEnd(t *testing.T) {
 // TestShutdownDisconnectsKernelOnce: the server's Shutdown is the one place that
 // disconnects the kernel device, once, however often it is called (eli detach no longer
 // does it too: two disconnects filled the logs with netlink and kernel errors).
-func TestShutdownDisconnectsKernelOnce(t *testing.T) {
-	// Not parallel: it replaces the package's disconnect function.
-	var calls []int
+// kernelTestServer is a started server whose Shutdown disconnects into calls instead of
+// the kernel, as if Start had connected /dev/nbd3. Not for parallel tests: it replaces
+// the package's disconnect function until the test ends.
+func kernelTestServer(t *testing.T, calls *[]int) *Server {
 	old := disconnect
-	disconnect = func(i int) error { calls = append(calls, i); return nil }
-	defer func() { disconnect = old }()
+	disconnect = func(i int) error { *calls = append(*calls, i); return nil }
+	t.Cleanup(func() { disconnect = old })
 
 	path, _, mk := testVolume(t, t.TempDir(), 8<<20, sector.Default)
-	defer mk.Wipe()
+	t.Cleanup(mk.Wipe)
 	p, err := provider.Open(path, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(func() { p.Close() })
 	srv, err := Start(&Config{Name: "k", Provider: path, Socket: filepath.Join(shortDir(t), "k.sock")}, p, copyKey(t, mk), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.devIndex = 3 // as if Start had connected /dev/nbd3
+	srv.devIndex = 3
+	return srv
+}
+
+func TestShutdownDisconnectsKernelOnce(t *testing.T) {
+	var calls []int
+	srv := kernelTestServer(t, &calls)
 	if err := srv.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -138,24 +145,8 @@ func TestShutdownDisconnectsKernelOnce(t *testing.T) {
 // TestKeepDeviceLeavesKernelConnected: after KeepDevice, Shutdown still closes the volume
 // but never disconnects the kernel device, which the next attach re-plugs.
 func TestKeepDeviceLeavesKernelConnected(t *testing.T) {
-	// Not parallel: it replaces the package's disconnect function.
 	var calls []int
-	old := disconnect
-	disconnect = func(i int) error { calls = append(calls, i); return nil }
-	defer func() { disconnect = old }()
-
-	path, _, mk := testVolume(t, t.TempDir(), 8<<20, sector.Default)
-	defer mk.Wipe()
-	p, err := provider.Open(path, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	srv, err := Start(&Config{Name: "k", Provider: path, Socket: filepath.Join(shortDir(t), "k.sock")}, p, copyKey(t, mk), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.devIndex = 3
+	srv := kernelTestServer(t, &calls)
 	srv.KeepDevice()
 	if err := srv.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
