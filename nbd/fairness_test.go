@@ -134,7 +134,9 @@ func TestIODeadlines(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			srv := oneExportServer(newMem(64<<20), nil)
-			srv.IOTimeout = 300 * time.Millisecond
+			// Long enough for an attacker to send its first MiB on a loaded machine (it
+			// must not be dropped before it has stalled), short enough to wait for.
+			srv.IOTimeout = 2 * time.Second
 			srv.minRate = 1 << 40 // the size allowance is negligible
 			path := serveUnix(t, srv)
 			attackers := tc.attack(t, path, 4)
