@@ -38,7 +38,7 @@ func (e *env) readSector(img string, off int64) []byte {
 // witnessFile is the one witness the test's volume has.
 func (e *env) witnessFile() string {
 	e.t.Helper()
-	m, err := filepath.Glob(filepath.Join(e.Dir, "witness", "*"))
+	m, err := filepath.Glob(filepath.Join(e.Witness, "*"))
 	if err != nil || len(m) != 1 {
 		e.t.Fatalf("witness files: %v %v", m, err)
 	}

@@ -39,6 +39,10 @@ type CLI struct {
 	Dir   string
 	State string
 	Pass  string
+	// Witness is the directory of the witnesses of its volumes' freshness (format
+	// version 2), apart from Dir so that what a running server writes there after a
+	// flush is not taken for a change to the test's files.
+	Witness string
 }
 
 // Passphrase is what Pass holds (without its newline).
@@ -48,7 +52,7 @@ const Passphrase = "correct horse battery staple"
 // detached when it ends (registered now, so it runs before the directories go).
 func New(t testing.TB, bin, dir, state string) *CLI {
 	t.Helper()
-	c := &CLI{T: t, Bin: bin, Dir: dir, State: state}
+	c := &CLI{T: t, Bin: bin, Dir: dir, State: state, Witness: filepath.Join(t.TempDir(), "witness")}
 	c.Pass = c.Write("pass", Passphrase+"\n")
 	t.Cleanup(c.DetachAll)
 	return c
@@ -81,7 +85,7 @@ func (r Result) String() string {
 func (c *CLI) Command(args ...string) *exec.Cmd {
 	cmd := exec.Command(c.Bin, args...)
 	cmd.Dir = c.Dir
-	cmd.Env = append(os.Environ(), "ELI_STATE_DIR="+c.State, "ELI_WITNESS_DIR="+filepath.Join(c.Dir, "witness"))
+	cmd.Env = append(os.Environ(), "ELI_STATE_DIR="+c.State, "ELI_WITNESS_DIR="+c.Witness)
 	return cmd
 }
 
