@@ -45,9 +45,9 @@ type Store struct {
 	caps   provider.Capabilities
 
 	mu     sync.Mutex
-	fence  error    // set once another instance took the volume over: writes fail
-	owned  bool     // this Store holds the mark (Claim or Adopt)
-	mark   Mark     // the mark as this Store last wrote it
+	fence  error // set once another instance took the volume over: writes fail
+	owned  bool  // this Store holds the mark (Claim or Adopt)
+	mark   Mark  // the mark as this Store last wrote it
 	stop   chan struct{}
 	done   chan struct{}
 	logf   func(string, ...any)
