@@ -155,6 +155,9 @@ func (a *authEngine) commitRound(refs []ref) error {
 		}
 		a.blocks = blocks[:0]
 	}()
+	if a.concurrentIO() {
+		a.prefetch(refs)
+	}
 	jes, written := a.jentries[:0], a.written[:0]
 	for _, r := range refs {
 		i := r.i
@@ -265,6 +268,9 @@ func (a *authEngine) writeData(refs []ref) error {
 		}
 		return nil
 	}
+	if a.concurrentIO() {
+		return eachConcurrently(len(ops), func(k int) error { return do(ops[k : k+1]) })
+	}
 	if a.caps.SerialWrites {
 		// Parallel writes would wait for each other in the kernel (provider.SerialWriter),
 		// and spin meanwhile: leave the other cores to seal the next batch.
@@ -284,6 +290,19 @@ type dataOp struct {
 // writeBlocks writes metadata blocks in place and syncs: the last step of a commit round
 // and of recovery.
 func (a *authEngine) writeBlocks(blocks []*mblock) error {
+	if a.concurrentIO() {
+		err := eachConcurrently(len(blocks), func(k int) error {
+			blk := blocks[k]
+			if _, err := a.p.WriteAt(blk.data, a.geo.blockPos(blk.g)); err != nil {
+				return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return a.timedSync()
+	}
 	for _, blk := range blocks {
 		if _, err := a.p.WriteAt(blk.data, a.geo.blockPos(blk.g)); err != nil {
 			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
