@@ -92,6 +92,12 @@ func (a *authEngine) timedSync() error {
 // device's writes with a small bound (docs/benchmarks.md, "Measurements behind design
 // choices").
 func (a *authEngine) adaptLimit(bytes int64, took, syncTime time.Duration) {
+	if a.concurrentIO() {
+		// Over a network provider every step of a commit is a round trip, the writes'
+		// as much as the syncs': all of a commit's time but the transfer is fixed cost.
+		a.limit = a.maxBatch
+		return
+	}
 	want := a.maxBatch
 	if busy := took - syncTime; busy > 0 {
 		want = int64(9 * float64(bytes) * float64(syncTime) / float64(busy))
