@@ -52,6 +52,10 @@ type Volume struct {
 	changed  chan struct{} // kicked when failed is first set
 }
 
+// RemoteMaxBatchBytes bounds the sealed data waiting for a commit over a network
+// provider (blockdev.Config.MaxBatchBytes; the default is 16 MiB for local ones).
+const RemoteMaxBatchBytes = 64 << 20
+
 // Open builds the codec and the device of an unlocked provider: it verifies the header
 // against mk (or, for Onetime, formats p), and runs the journal's recovery. It does not
 // keep mk: the codec and the device hold the keys they derive, and Close wipes them.
@@ -90,14 +94,21 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	}
 	jk := mk.JournalKey()
 	defer jk.Wipe()
-	dev, err := blockdev.Open(p, blockdev.Config{
+	cfg := blockdev.Config{
 		Layout:     l,
 		Codec:      codec,
 		JournalKey: jk.Bytes(),
 		ReadOnly:   opts.ReadOnly,
 		CacheBytes: opts.CacheBytes,
 		Logger:     opts.Logger,
-	})
+	}
+	if provider.CapabilitiesOf(p).Shared {
+		// A network provider: each commit costs several round trips whatever its size,
+		// so larger batches carry more data per round trip (docs/benchmarks.md, "Remote
+		// providers").
+		cfg.MaxBatchBytes = RemoteMaxBatchBytes
+	}
+	dev, err := blockdev.Open(p, cfg)
 	if err != nil {
 		codec.Wipe()
 		return nil, err
