@@ -82,8 +82,8 @@ func (m Mark) encode() []byte {
 	return b
 }
 
-// decodeMark reads a block: all zero is Empty; anything but a well-formed mark is
-// errBadMark. Every field is bounded before it is used.
+// decodeMark reads a block: all zero, or anything without the magic, is Empty; a block
+// with the magic that is not a well-formed mark (a torn write) is errBadMark. Every field is bounded before it is used.
 func decodeMark(b []byte) (Mark, error) {
 	if len(b) != MarkLen {
 		return Mark{}, fmt.Errorf("ownership block of %d bytes", len(b))
@@ -92,7 +92,9 @@ func decodeMark(b []byte) (Mark, error) {
 		return Mark{State: Empty}, nil
 	}
 	if string(b[:8]) != markMagic {
-		return Mark{}, fmt.Errorf("%w: no magic", errBadMark)
+		// Not a mark at all: what a provider held before eli (init does not clear the
+		// block before it claims it). Nothing eli wrote, so nobody holds the volume.
+		return Mark{State: Empty}, nil
 	}
 	sum := sha256.Sum256(b[:markSumStart])
 	if !bytes.Equal(sum[:], b[markSumStart:markUsed]) || !allZero(b[markUsed:]) {
