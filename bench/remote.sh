@@ -8,8 +8,9 @@
 #   random write:     fio's nbd engine, 4 KiB random writes at queue depth 32 for
 #                     RUNTIME seconds, directly and through eli
 #
-# Runs alternate direct and eli, REPEAT times per delay, and report every figure and
-# the median. Usage: bench/remote.sh [DELAY...] (default: 1ms 5ms).
+# The direct export and eli's provider are two files served by one nbdkit. Runs
+# alternate direct and eli, REPEAT times per delay, and report every figure, the
+# medians, and the median of the eli/direct ratios of back-to-back runs. Usage: bench/remote.sh [DELAY...] (default: 1ms 5ms).
 # Environment: SIZE (default 256M), RUNTIME (10), REPEAT (3), MODE (eli's cipher mode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,13 +38,17 @@ head -c "$size" /dev/urandom >"$work/src" 2>/dev/null || true
 bytes=$(stat -c %s "$work/src")
 
 port=$((20000 + RANDOM % 20000))
+# One nbdkit serves two files of the same size (the file plugin's dir=: the export name
+# is the file's name): direct.img for the direct runs, eli.img for eli's volume, so that
+# the direct runs do not overwrite the volume eli is serving.
 start_nbdkit() { # delay
-	truncate -s 0 "$work/export.img"
-	truncate -s 1G "$work/export.img"
-	nbdkit -f -i 127.0.0.1 -p "$port" --filter=delay file "$work/export.img" \
+	rm -rf "$work/exports"
+	mkdir "$work/exports"
+	truncate -s 1G "$work/exports/direct.img" "$work/exports/eli.img"
+	nbdkit -f -i 127.0.0.1 -p "$port" --filter=delay file dir="$work/exports" \
 		delay-read="$1" delay-write="$1" delay-zero="$1" delay-trim="$1" &
 	nbdkit_pid=$!
-	for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$port" >/dev/null 2>&1 && return; sleep 0.1; done
+	for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$port/direct.img" >/dev/null 2>&1 && return; sleep 0.1; done
 	echo "nbdkit did not start" >&2
 	exit 1
 }
@@ -61,17 +66,18 @@ seqwrite() {
 randwrite() {
 	fio --name=rw --ioengine=nbd --uri="$1" --rw=randwrite --bs=4k --iodepth=32 --size=512M \
 		--time_based --runtime="$runtime" --output-format=json 2>/dev/null |
-		python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["write"]["iops"]))'
+		python3 -c 'import json,sys; s=sys.stdin.read(); print(round(json.loads(s[s.index("{"):])["jobs"][0]["write"]["iops"]))'
 }
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 echo "# $(date -u +%FT%TZ) $(nproc) CPUs, $(uptime | sed 's/.*load/load/'); eli mode $mode; $size sequential, ${runtime}s random"
 for d in "${delays[@]}"; do
 	start_nbdkit "$d"
-	direct="nbd://127.0.0.1:$port"
+	direct="nbd://127.0.0.1:$port/direct.img"
+	remote="nbd://127.0.0.1:$port/eli.img"
 	$eli init --passphrase-file "$work/pass" --kdf-time 1 --kdf-memory 8 --cipher "$mode" \
-		$( [ "$mode" = none ] && echo --unsafe ) "$direct" >/dev/null
-	via=$($eli attach --passphrase-file "$work/pass" --name bench "$direct" | tail -1)
+		$( [ "$mode" = none ] && echo --unsafe ) "$remote" >/dev/null
+	via=$($eli attach --passphrase-file "$work/pass" --name bench "$remote" | tail -1)
 	ds=() es=() dr=() er=()
 	for i in $(seq "$repeat"); do
 		ds+=("$(seqwrite "$direct")")
@@ -82,6 +88,13 @@ for d in "${delays[@]}"; do
 	done
 	$eli detach bench >/dev/null
 	kill "$nbdkit_pid"; wait "$nbdkit_pid" 2>/dev/null || true; nbdkit_pid=
-	mds=$(median "${ds[@]}") mes=$(median "${es[@]}") mdr=$(median "${dr[@]}") mer=$(median "${er[@]}")
-	python3 -c "print(f'| $d | $mds | $mes | {$mes/$mds:.2f} | $mdr | $mer | {$mer/$mdr:.2f} |')"
+	# Medians of each column, and the median of the ratios of runs made back to back
+	# (which the machine's changing load affects less than the ratio of medians).
+	python3 - "$d" "${ds[*]}" "${es[*]}" "${dr[*]}" "${er[*]}" <<'PY'
+import statistics as st, sys
+d = sys.argv[1]
+ds, es, dr, er = ([float(x) for x in a.split()] for a in sys.argv[2:6])
+r = lambda a, b: st.median(y / x for x, y in zip(a, b))
+print(f"| {d} | {st.median(ds):.0f} | {st.median(es):.0f} | {r(ds, es):.2f} | {st.median(dr):.0f} | {st.median(er):.0f} | {r(dr, er):.2f} |")
+PY
 done
