@@ -531,3 +531,67 @@ func TestRemoteSecondAttach(t *testing.T) {
 	a.Run("", "detach", "a") // its final commit fails: it is fenced
 	b.detach("b")
 }
+
+// TestRemoteVerbs: the key and header verbs, resize and onetime take a remote PROVIDER.
+func TestRemoteVerbs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	st := newStorage(e, "nbdkit", 16<<20, nil, nil)
+	e.remoteInit(st.uri)
+	pass2 := e.Write("pass2", "another passphrase\n")
+	backup := e.Path("hdr.backup")
+
+	e.OK("backup", st.uri, backup)
+	e.OK(append(append([]string{"setkey", "--passphrase-file", e.Pass, "--new-passphrase-file", pass2}, elitest.QuickKDF...), st.uri)...)
+	if out := e.OK("dump", st.uri).Stdout; strings.Count(out, "argon2id") < 2 {
+		t.Fatalf("dump after setkey shows fewer than two keyslots:\n%s", out)
+	}
+	uri := e.Attach(st.uri, "--name", "v", "--passphrase-file", pass2) // the new key opens it
+	e.detach("v")
+	e.OK("delkey", "--slot", "1", st.uri)
+	if r := e.Run("", "attach", "--passphrase-file", pass2, "--name", "v", st.uri); r.Code == 0 {
+		t.Fatalf("attach with a deleted key succeeded: %v", r)
+	}
+
+	// resize follows an export grown on the storage side; --size is refused.
+	e.Fails("grow the export on the storage side", "resize", "--size", "64M", "--passphrase-file", e.Pass, st.uri)
+	if err := os.Truncate(st.file, 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.OK("resize", "--passphrase-file", e.Pass, st.uri).Stdout; !strings.Contains(out, "grown from") {
+		t.Fatalf("resize of a grown export: %s", out)
+	}
+	uri = e.Attach(st.uri, "--name", "v")
+	if info := nbdInfo(t, uri); info.Size < 24<<20 {
+		t.Fatalf("after resize the volume is %d bytes, want the grown export's room", info.Size)
+	}
+	e.detach("v")
+
+	e.OK("kill", "--yes", st.uri)
+	if r := e.Run("", "attach", "--passphrase-file", e.Pass, "--name", "v", st.uri); r.Code == 0 {
+		t.Fatalf("attach of a killed volume succeeded: %v", r)
+	}
+	e.OK("restore", "--force", backup, st.uri) // the backup was made before the resize
+	uri = e.Attach(st.uri, "--name", "v")
+	e.detach("v")
+
+	// onetime destroys the volume only with --force, and serves a scratch volume.
+	e.Fails("onetime would destroy it", "onetime", "--name", "s", st.uri)
+	uri = e.serveURI(t, "onetime", "--force", "--name", "s", st.uri)
+	if info := nbdInfo(t, uri); info.Size <= 0 {
+		t.Fatalf("onetime volume of %d bytes", info.Size)
+	}
+	e.detach("s")
+}
+
+// serveURI runs an eli command that serves (onetime) and returns its export's URI.
+func (e *env) serveURI(t *testing.T, args ...string) string {
+	t.Helper()
+	r := e.OK(args...)
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	uri := lines[len(lines)-1]
+	if !strings.HasPrefix(uri, elitest.URIPrefix) {
+		t.Fatalf("last line of %s is not an NBD unix URI: %q", args[0], r.Stdout)
+	}
+	return uri
+}
