@@ -496,17 +496,20 @@ func TestRemoteSecondAttach(t *testing.T) {
 	}
 
 	uriB := b.Attach(st.uri, "--force", "--name", "b")
-	// A's server finds the mark rewritten at its next heartbeat and fences itself.
+	// A's server finds the mark rewritten at its next heartbeat and fences itself: its
+	// status turns failed without a write, and it refuses writes from then on.
 	deadline := time.Now().Add(30 * time.Second)
-	var werr error
-	for werr == nil && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-		if werr = cA.WriteAt(p, 4096, false); werr == nil {
-			werr = cA.Flush()
+	for !strings.Contains(a.OK("status", "a").Stdout, "failed") {
+		if time.Now().After(deadline) {
+			t.Fatalf("server a still serving 30 s after the takeover:\n%s", a.serverLog("a"))
 		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	if werr == nil {
-		t.Fatal("the taken-over server still accepts writes and flushes")
+	if err := cA.WriteAt(p, 4096, false); err == nil {
+		t.Fatal("the taken-over server still accepts writes")
+	}
+	if err := cA.Flush(); err == nil {
+		t.Fatal("the taken-over server still accepts flushes")
 	}
 	if log := a.serverLog("a"); !strings.Contains(log, "ownership lost") {
 		t.Fatalf("server a's log does not say it lost the volume:\n%s", log)

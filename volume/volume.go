@@ -50,6 +50,16 @@ type Volume struct {
 	lastErr  error
 	lastTime time.Time
 	changed  chan struct{} // kicked when failed is first set
+
+	fenced func() error // a remote provider's Fenced (Fencer), or nil
+}
+
+// Fencer is implemented by providers that can lose the right to write: a remote one
+// taken over by another host (remote.Store). Once Fenced reports an error, the volume
+// fails at once and refuses every write, instead of acknowledging writes into a batch
+// whose commit cannot succeed.
+type Fencer interface {
+	Fenced() error
 }
 
 // RemoteMaxBatchBytes bounds the sealed data waiting for a commit over a network
@@ -113,7 +123,11 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		codec.Wipe()
 		return nil, err
 	}
-	return &Volume{dev: dev, codec: codec, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1)}, nil
+	v := &Volume{dev: dev, codec: codec, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1)}
+	if f, ok := p.(Fencer); ok {
+		v.fenced = f.Fenced
+	}
+	return v, nil
 }
 
 // Close commits what is pending, leaves an empty journal, syncs, and wipes the keys. Its
@@ -226,6 +240,18 @@ func (v *Volume) fail(err error) {
 
 func (v *Volume) Size() int64 { return v.dev.Size() }
 
+// checkFence fails the volume once its provider is fenced, and says so for a write.
+func (v *Volume) checkFence() error {
+	if v.fenced == nil {
+		return nil
+	}
+	if err := v.fenced(); err != nil {
+		v.fail(err)
+		return err
+	}
+	return nil
+}
+
 func (v *Volume) ReadAt(p []byte, off int64) error {
 	v.reads.Add(1)
 	err := v.dev.ReadAt(p, off)
@@ -237,6 +263,9 @@ func (v *Volume) ReadAt(p []byte, off int64) error {
 
 func (v *Volume) WriteAt(p []byte, off int64, f nbd.Flags) error {
 	v.writes.Add(1)
+	if err := v.checkFence(); err != nil {
+		return err
+	}
 	err := v.dev.WriteAt(p, off, devFlags(f))
 	if err == nil {
 		v.bytesWritten.Add(uint64(len(p)))
@@ -246,6 +275,9 @@ func (v *Volume) WriteAt(p []byte, off int64, f nbd.Flags) error {
 
 func (v *Volume) WriteZeroes(off, n int64, f nbd.Flags) error {
 	v.zeroes.Add(1)
+	if err := v.checkFence(); err != nil {
+		return err
+	}
 	err := v.dev.WriteZeroes(off, n, devFlags(f))
 	if errors.Is(err, blockdev.ErrSlowZero) {
 		return err // the answer a FastZero request asks for, not a failure
@@ -255,11 +287,17 @@ func (v *Volume) WriteZeroes(off, n int64, f nbd.Flags) error {
 
 func (v *Volume) Trim(off, n int64, f nbd.Flags) error {
 	v.trims.Add(1)
+	if err := v.checkFence(); err != nil {
+		return err
+	}
 	return v.note(v.dev.Trim(off, n, devFlags(f)), true)
 }
 
 func (v *Volume) Flush() error {
 	v.flushes.Add(1)
+	if err := v.checkFence(); err != nil {
+		return err
+	}
 	return v.note(v.dev.Flush(), true)
 }
 
