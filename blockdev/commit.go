@@ -201,11 +201,17 @@ func (a *authEngine) commitRound(refs []ref) error {
 		}
 		a.cache.patch(blocks[bi], j, &je.new)
 	}
-	if err := a.writeData(written); err != nil {
-		return err
-	}
-	if err := a.writeBlocks(blocks); err != nil {
-		return err
+	if a.concurrentIO() {
+		if err := a.writeInPlace(written, blocks); err != nil {
+			return err
+		}
+	} else {
+		if err := a.writeData(written); err != nil {
+			return err
+		}
+		if err := a.writeBlocks(blocks); err != nil {
+			return err
+		}
 	}
 	a.stats.rounds.Add(1)
 	a.stats.sectors.Add(uint64(len(jes)))
