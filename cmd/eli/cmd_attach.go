@@ -56,11 +56,17 @@ ready, leaving a server process behind; the last line it prints is the NBD URI.
                        --insecure-tcp says otherwise
   --device /dev/nbdN   also connect the kernel's NBD driver (needs the nbd module)
   --foreground         serve in this process until SIGTERM or SIGINT (systemd,
-                       containers); logs go to stderr`,
+                       containers); logs go to stderr
+
+A remote PROVIDER (an NBD URI) cannot be flock'ed from here: attach claims it through
+an ownership mark that the server heartbeats. If another host's server holds it, attach
+waits three heartbeats (about 6 s) and refuses while that heartbeat moves; --force takes
+the volume over, and the other server stops writing.`,
 		Example: `  eli attach disk.img
   nbdinfo "$(eli attach --passphrase-file pass.txt disk.img | tail -1)"
   eli attach --device /dev/nbd0 disk.img && mount /dev/nbd0 /mnt
-  eli attach --listen 0.0.0.0:10809 --tls-cert srv.pem --tls-key srv.key --tls-client-ca ca.pem disk.img`,
+  eli attach --listen 0.0.0.0:10809 --tls-cert srv.pem --tls-key srv.key --tls-client-ca ca.pem disk.img
+  eli attach 'nbds://storage:10809/vol1?tls-certificates=/etc/eli/tls'`,
 		Args: exactArgs("PROVIDER"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runAttach(cmd, g, o, args[0])
