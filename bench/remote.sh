@@ -6,7 +6,9 @@
 #   sequential write: nbdcopy --flush of SIZE of random data to the export directly, and
 #                     to eli's export (unix socket) whose provider is that export
 #   random write:     fio's nbd engine, 4 KiB random writes at queue depth 32 for
-#                     RUNTIME seconds, directly and through eli
+#                     RUNTIME seconds, directly and through eli, and a flush at the end
+#                     (end_fsync), so that eli's pending batch is committed within the
+#                     run rather than charged to the next one
 #
 # The direct export and eli's provider are two files served by one nbdkit. Runs
 # alternate direct and eli, REPEAT times per delay, and report every figure, the
@@ -64,7 +66,7 @@ seqwrite() {
 }
 # randwrite URI -> IOPS
 randwrite() {
-	fio --name=rw --ioengine=nbd --uri="$1" --rw=randwrite --bs=4k --iodepth=32 --size=512M \
+	fio --name=rw --ioengine=nbd --uri="$1" --rw=randwrite --bs=4k --iodepth=32 --size=512M --end_fsync=1 \
 		--time_based --runtime="$runtime" --output-format=json 2>/dev/null |
 		python3 -c 'import json,sys; s=sys.stdin.read(); print(round(json.loads(s[s.index("{"):])["jobs"][0]["write"]["iops"]))'
 }
