@@ -98,6 +98,12 @@ func (a *authEngine) timedSync() error {
 // device's writes with a small bound (docs/benchmarks.md, "Measurements behind design
 // choices").
 func (a *authEngine) adaptLimit(bytes int64, took, syncTime time.Duration) {
+	if a.concurrentIO() {
+		// Over a network provider every step of a commit is a round trip, the writes'
+		// as much as the syncs': all of a commit's time but the transfer is fixed cost.
+		a.limit = a.maxBatch
+		return
+	}
 	want := a.maxBatch
 	if busy := took - syncTime; busy > 0 {
 		want = int64(9 * float64(bytes) * float64(syncTime) / float64(busy))
@@ -161,6 +167,9 @@ func (a *authEngine) commitRound(refs []ref) error {
 		}
 		a.blocks = blocks[:0]
 	}()
+	if a.concurrentIO() {
+		a.prefetch(refs)
+	}
 	jes, written := a.jentries[:0], a.written[:0]
 	for _, r := range refs {
 		i := r.i
@@ -209,11 +218,17 @@ func (a *authEngine) commitRound(refs []ref) error {
 
 	// 2. Data, records and tree nodes in place, in any order; recovery sorts out a crash
 	// in here.
-	if err := a.writeData(written); err != nil {
-		return err
-	}
-	if err := a.writeBlocks(blocks, tc); err != nil {
-		return err
+	if a.concurrentIO() {
+		if err := a.writeInPlace(written, blocks, tc); err != nil {
+			return err
+		}
+	} else {
+		if err := a.writeData(written); err != nil {
+			return err
+		}
+		if err := a.writeBlocks(blocks, tc); err != nil {
+			return err
+		}
 	}
 	if tc != nil {
 		a.tree.Written(tc)
@@ -310,6 +325,9 @@ func (a *authEngine) writeData(refs []ref) error {
 		}
 		return nil
 	}
+	if a.concurrentIO() {
+		return eachConcurrently(len(ops), func(k int) error { return do(ops[k : k+1]) })
+	}
 	if a.caps.SerialWrites {
 		// Parallel writes would wait for each other in the kernel (provider.SerialWriter),
 		// and spin meanwhile: leave the other cores to seal the next batch.
@@ -330,15 +348,28 @@ type dataOp struct {
 // commits' nodes after earlier ones') in place and syncs: the last step of a commit round
 // and of recovery.
 func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) error {
-	for _, blk := range blocks {
-		if _, err := a.p.WriteAt(blk.data, a.geo.blockPos(blk.g)); err != nil {
-			return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
+	if a.concurrentIO() {
+		if err := eachConcurrently(len(blocks), func(k int) error { return a.writeBlock(blocks[k]) }); err != nil {
+			return err
+		}
+	} else {
+		for _, blk := range blocks {
+			if err := a.writeBlock(blk); err != nil {
+				return err
+			}
 		}
 	}
 	if err := a.writeNodes(commits); err != nil {
 		return err
 	}
 	return a.timedSync()
+}
+
+func (a *authEngine) writeBlock(blk *mblock) error {
+	if _, err := a.p.WriteAt(blk.data, a.geo.blockPos(blk.g)); err != nil {
+		return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
+	}
+	return nil
 }
 
 // writeNodes writes the tree nodes of commits in place, a later commit's version of a node

@@ -152,6 +152,7 @@ func (w *statusWriter) run(done <-chan struct{}) {
 		case <-w.v.changed:
 			w.write()
 		case <-t.C:
+			w.v.checkFence() // a takeover shows as failed without waiting for a write
 			w.write()
 		}
 	}

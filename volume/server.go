@@ -46,6 +46,10 @@ type Config struct {
 	Mode       sector.Mode `json:"mode,omitempty"`
 	SectorSize int         `json:"sector_size,omitempty"`
 	VolumeID   [16]byte    `json:"volume_id"`
+
+	// Owner is the instance ID of the ownership mark attach took on a remote provider,
+	// which the server adopts and heartbeats (package remote); empty for local ones.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Options are the Open options cfg asks for.

@@ -356,6 +356,11 @@ func (s StateDir) Find(arg string) (*Record, error) {
 			return r, nil
 		}
 	}
+	for _, r := range recs {
+		if r.Provider == arg { // a remote provider, by its URI
+			return r, nil
+		}
+	}
 	if dev, ino, err := FileID(arg); err == nil {
 		for _, r := range recs {
 			if r.Dev == dev && r.Ino == ino {

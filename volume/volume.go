@@ -70,7 +70,21 @@ type Volume struct {
 	lastErr  error
 	lastTime time.Time
 	changed  chan struct{} // kicked when failed is first set
+
+	fenced func() error // a remote provider's Fenced (Fencer), or nil
 }
+
+// Fencer is implemented by providers that can lose the right to write: a remote one
+// taken over by another host (remote.Store). Once Fenced reports an error, the volume
+// fails at once and refuses every write, instead of acknowledging writes into a batch
+// whose commit cannot succeed.
+type Fencer interface {
+	Fenced() error
+}
+
+// RemoteMaxBatchBytes bounds the sealed data waiting for a commit over a network
+// provider (blockdev.Config.MaxBatchBytes; the default is 16 MiB for local ones).
+const RemoteMaxBatchBytes = 64 << 20
 
 // Open builds the codec and the device of an unlocked provider: it verifies the header
 // against mk (or, for Onetime, formats p), and runs the journal's recovery. It does not
@@ -129,7 +143,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	}
 	jk := mk.JournalKey()
 	defer jk.Wipe()
-	dev, err := blockdev.Open(p, blockdev.Config{
+	cfg := blockdev.Config{
 		Layout:        l,
 		Codec:         codec,
 		JournalKey:    jk.Bytes(),
@@ -138,7 +152,14 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		Logger:        opts.Logger,
 		MinGeneration: minGen,
 		OnFlushed:     onFlushed,
-	})
+	}
+	if provider.CapabilitiesOf(p).Shared {
+		// A network provider: each commit costs several round trips whatever its size,
+		// so larger batches carry more data per round trip (docs/benchmarks.md, "Remote
+		// providers").
+		cfg.MaxBatchBytes = RemoteMaxBatchBytes
+	}
+	dev, err := blockdev.Open(p, cfg)
 	if err != nil {
 		codec.Wipe()
 		if wit != nil {
@@ -153,6 +174,9 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		fmtv: int(max(l.Version, layout.Version1))}
 	if opts.WriteThrough && mode.Authenticated() {
 		v.fua = blockdev.FUA
+	}
+	if f, ok := p.(Fencer); ok {
+		v.fenced = f.Fenced
 	}
 	if f, ok := dev.Freshness(); ok && wit != nil {
 		if seen != nil && !opts.AcceptRollback && f.Generation == seen.Generation && f.Root != seen.Root {
@@ -296,6 +320,18 @@ func (v *Volume) fail(err error) {
 
 func (v *Volume) Size() int64 { return v.dev.Size() }
 
+// checkFence fails the volume once its provider is fenced, and says so for a write.
+func (v *Volume) checkFence() error {
+	if v.fenced == nil {
+		return nil
+	}
+	if err := v.fenced(); err != nil {
+		v.fail(err)
+		return err
+	}
+	return nil
+}
+
 func (v *Volume) ReadAt(p []byte, off int64) error {
 	v.reads.Add(1)
 	err := v.dev.ReadAt(p, off)
@@ -307,6 +343,9 @@ func (v *Volume) ReadAt(p []byte, off int64) error {
 
 func (v *Volume) WriteAt(p []byte, off int64, f nbd.Flags) error {
 	v.writes.Add(1)
+	if err := v.checkFence(); err != nil {
+		return err
+	}
 	err := v.dev.WriteAt(p, off, devFlags(f)|v.fua)
 	if err == nil {
 		v.bytesWritten.Add(uint64(len(p)))
@@ -316,6 +355,9 @@ func (v *Volume) WriteAt(p []byte, off int64, f nbd.Flags) error {
 
 func (v *Volume) WriteZeroes(off, n int64, f nbd.Flags) error {
 	v.zeroes.Add(1)
+	if err := v.checkFence(); err != nil {
+		return err
+	}
 	err := v.dev.WriteZeroes(off, n, devFlags(f)|v.fua)
 	if errors.Is(err, blockdev.ErrSlowZero) {
 		return err // the answer a FastZero request asks for, not a failure
@@ -325,11 +367,17 @@ func (v *Volume) WriteZeroes(off, n int64, f nbd.Flags) error {
 
 func (v *Volume) Trim(off, n int64, f nbd.Flags) error {
 	v.trims.Add(1)
+	if err := v.checkFence(); err != nil {
+		return err
+	}
 	return v.note(v.dev.Trim(off, n, devFlags(f)|v.fua), true)
 }
 
 func (v *Volume) Flush() error {
 	v.flushes.Add(1)
+	if err := v.checkFence(); err != nil {
+		return err
+	}
 	return v.note(v.dev.Flush(), true)
 }
 

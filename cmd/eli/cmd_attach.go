@@ -16,6 +16,7 @@ import (
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -30,6 +31,7 @@ type attachOptions struct {
 	tlsClientCA string
 	insecureTCP bool
 	readOnly    bool
+	force       bool
 	foreground  bool
 	device      string
 	connections int
@@ -61,11 +63,17 @@ ready, leaving a server process behind; the last line it prints is the NBD URI.
                        the mounted device with nothing lost (--write-back: faster,
                        but a crash can lose acknowledged writes)
   --foreground         serve in this process until SIGTERM or SIGINT (systemd,
-                       containers); logs go to stderr`,
+                       containers); logs go to stderr
+
+A remote PROVIDER (an NBD URI) cannot be flock'ed from here: attach claims it through
+an ownership mark that the server heartbeats. If another host's server holds it, attach
+waits three heartbeats (about 6 s) and refuses while that heartbeat moves; --force takes
+the volume over, and the other server stops writing.`,
 		Example: `  eli attach disk.img
   nbdinfo "$(eli attach --passphrase-file pass.txt disk.img | tail -1)"
   eli attach --device /dev/nbd0 disk.img && mount /dev/nbd0 /mnt
-  eli attach --listen 0.0.0.0:10809 --tls-cert srv.pem --tls-key srv.key --tls-client-ca ca.pem disk.img`,
+  eli attach --listen 0.0.0.0:10809 --tls-cert srv.pem --tls-key srv.key --tls-client-ca ca.pem disk.img
+  eli attach 'nbds://storage:10809/vol1?tls-certificates=/etc/eli/tls'`,
 		Args: exactArgs("PROVIDER"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runAttach(cmd, g, o, args[0])
@@ -78,6 +86,7 @@ ready, leaving a server process behind; the last line it prints is the NBD URI.
 	f.BoolVarP(&o.readOnly, "readonly", "r", false, "serve read-only")
 	f.StringVar(&o.witness, "witness", "", "the file that records how far this volume has come, to refuse an older image of it (default: "+witnessDirHelp+"/VOLUME-ID)")
 	f.BoolVar(&o.rollback, "accept-rollback", false, "attach a provider older than its witness knowingly (an image restored on purpose), and reset the witness to it")
+	f.BoolVar(&o.force, "force", false, "take a remote volume over from another host's live attach (that server stops writing)")
 	addServeFlags(cmd, o)
 	return cmd
 }
@@ -107,6 +116,14 @@ func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Con
 		return nil, err
 	}
 	name := o.name
+	if remote.IsURI(path) {
+		if abs, err = providerName(path); err != nil {
+			return nil, usageError{err}
+		}
+		if name == "" {
+			name = remoteName(path)
+		}
+	}
 	if name == "" {
 		name = volume.DefaultName(abs)
 	}
@@ -189,7 +206,7 @@ func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path stri
 type attachment struct {
 	cfg  *volume.Config
 	lock *volume.NameLock
-	p    *provider.File
+	p    store
 	mk   *keys.MasterKey
 }
 
@@ -215,6 +232,7 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 	if err != nil {
 		return nil, err
 	}
+	ownerForce = o.force
 	lock, err := lockName(sd, cfg.Name)
 	if err != nil {
 		return nil, err
@@ -279,6 +297,16 @@ func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bo
 		}
 		return err
 	}
+	if rs, ok := a.p.(*remote.Store); ok && rs.Instance() != "" {
+		// The server heartbeats the mark from now on: it adopts this claim.
+		inst, err := rs.Handoff()
+		if err != nil {
+			a.mk.Wipe()
+			a.lock.Release()
+			return err
+		}
+		a.cfg.Owner = inst
+	}
 	rec, err := spawnServer(sd, a.cfg, a.p, a.lock, a.mk)
 	a.mk.Wipe()
 	a.p.Close()
@@ -330,7 +358,7 @@ const (
 // spawnServer re-executes eli as the background server. The master key goes through a
 // pipe, never argv or the environment; the provider and the name lock are inherited
 // already locked, so no other attach can slip in between.
-func spawnServer(sd volume.StateDir, cfg *volume.Config, p *provider.File, lock *volume.NameLock, mk *keys.MasterKey) (*volume.Record, error) {
+func spawnServer(sd volume.StateDir, cfg *volume.Config, p store, lock *volume.NameLock, mk *keys.MasterKey) (*volume.Record, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -359,7 +387,18 @@ func spawnServer(sd volume.StateDir, cfg *volume.Config, p *provider.File, lock 
 	child.Stdin = nil
 	child.Stdout = logf
 	child.Stderr = logf
-	child.ExtraFiles = []*os.File{p.File(), lock.File(), setupR, readyW}
+	pf, ok := p.(*provider.File)
+	var provFile *os.File
+	if ok {
+		provFile = pf.File()
+	} else {
+		// A remote provider is reconnected by the server from cfg.Provider.
+		if provFile, err = os.Open(os.DevNull); err != nil {
+			return nil, err
+		}
+		defer provFile.Close()
+	}
+	child.ExtraFiles = []*os.File{provFile, lock.File(), setupR, readyW}
 	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	child.Env = append(os.Environ(), "ELI_STATE_DIR="+sd.Path)
 	if err := child.Start(); err != nil {
@@ -421,7 +460,7 @@ func runBackgroundServer(g *globalOptions) error {
 	// Until it is ready, the server owns neither lock: attach holds them too, and
 	// releases the name's (removing its file) once this process has said why it failed.
 	// So a failure lets go of both, and only then says so.
-	var p *provider.File
+	var p store
 	pf := os.NewFile(fdProvider, "provider")
 	lockf := os.NewFile(fdNameLock, "lock")
 	fail := func(err error) error {
@@ -449,7 +488,7 @@ func runBackgroundServer(g *globalOptions) error {
 	if cfg.LogFile != "" {
 		log = slog.New(slog.NewTextHandler(volume.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
 	}
-	if p, err = provider.FromFile(pf, cfg.Provider); err != nil {
+	if p, err = serverProvider(pf, cfg, log); err != nil {
 		mk.Wipe()
 		return fail(err)
 	}

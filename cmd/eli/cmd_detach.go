@@ -50,7 +50,7 @@ next attach repairs the last commit.`,
 			if err != nil {
 				return err
 			}
-			rec, err := sd.Find(args[0])
+			rec, err := sd.Find(findArg(args[0]))
 			if err != nil {
 				return err
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/sector"
 	"github.com/spf13/cobra"
 )
@@ -154,7 +155,12 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 			return fmt.Errorf("backup file %s exists: refusing to overwrite it", o.backup)
 		}
 	}
-	if o.size != "" {
+	var remoteSize int64
+	if o.size != "" && remote.IsURI(path) {
+		if remoteSize, err = parseSize(o.size); err != nil {
+			return usageError{err}
+		}
+	} else if o.size != "" {
 		size, err := parseSize(o.size)
 		if err != nil {
 			return usageError{err}
@@ -180,6 +186,14 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 		return err
 	}
 	defer p.Close()
+	if remoteSize > 0 && remoteSize != p.Size() {
+		if remoteSize > p.Size() {
+			return fmt.Errorf("--size %s is larger than the export %s (%d bytes): eli cannot grow an NBD export; grow it on the storage side, or omit --size to use the export's size",
+				o.size, p.Path(), p.Size())
+		}
+		return fmt.Errorf("--size %s is smaller than the export %s (%d bytes): an eli volume uses its whole provider; omit --size",
+			o.size, p.Path(), p.Size())
+	}
 
 	note, err := checkOverwrite(p, o.force)
 	if err != nil {
@@ -245,7 +259,7 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 // refuses a live eli volume (kill it first) and anything that looks like a damaged one
 // (restore a backup first); a killed volume, whose data nothing can decrypt any more, is
 // overwritten with a note, which it returns.
-func checkOverwrite(p *provider.File, force bool) (note string, err error) {
+func checkOverwrite(p store, force bool) (note string, err error) {
 	path := p.Path()
 	h, err := keys.Read(p)
 	switch {

@@ -5,6 +5,8 @@ import (
 
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/layout"
+	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/remote"
 	"github.com/spf13/cobra"
 )
 
@@ -40,12 +42,23 @@ read as zeroes. Shrinking is refused. The volume must not be attached.`,
 				return err
 			}
 			defer mk.Wipe()
-			if want > 0 && want != p.Size() {
-				if p.IsBlockDevice() {
-					return fmt.Errorf("%s is a block device of %d bytes: grow it first, then run resize without --size", path, p.Size())
+			switch p := p.(type) {
+			case *remote.Store:
+				if want > 0 {
+					return noRemoteSize(path)
 				}
-				if err := p.Extend(want); err != nil {
+				// Follow an export grown on the storage side.
+				if _, err := p.Refresh(); err != nil {
 					return err
+				}
+			case *provider.File:
+				if want > 0 && want != p.Size() {
+					if p.IsBlockDevice() {
+						return fmt.Errorf("%s is a block device of %d bytes: grow it first, then run resize without --size", path, p.Size())
+					}
+					if err := p.Extend(want); err != nil {
+						return err
+					}
 				}
 			}
 			old := h.Layout

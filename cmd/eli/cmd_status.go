@@ -37,7 +37,7 @@ volume failed has stopped, status shows its final status until the next attach o
 				return err
 			}
 			name := args[0]
-			if rec, err := sd.Find(name); err == nil {
+			if rec, err := sd.Find(findArg(name)); err == nil {
 				name = rec.Name
 			} else if volume.ValidName(name) != nil {
 				return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/remote"
 	"github.com/spf13/cobra"
 )
 
@@ -21,7 +22,13 @@ func warnf(format string, args ...any) {
 
 // openLocked opens a provider and takes its exclusive lock, so that no other eli process
 // (an attached server, another setkey) changes it under us.
-func openLocked(path string, readOnly bool) (*provider.File, error) {
+//
+// A remote PROVIDER (an NBD URI) cannot be flock'ed from here: it is claimed through its
+// ownership mark instead (remote.Store.Claim), unless readOnly.
+func openLocked(path string, readOnly bool) (store, error) {
+	if remote.IsURI(path) {
+		return openRemote(path, !readOnly)
+	}
 	p, err := provider.Open(path, readOnly)
 	if err != nil {
 		if !readOnly && (errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS)) {
@@ -43,7 +50,7 @@ func openLocked(path string, readOnly bool) (*provider.File, error) {
 }
 
 // openHeader opens and locks a provider and reads its header.
-func openHeader(path string, readOnly bool) (*provider.File, *keys.Header, error) {
+func openHeader(path string, readOnly bool) (store, *keys.Header, error) {
 	p, err := openLocked(path, readOnly)
 	if err != nil {
 		return nil, nil, err
@@ -57,7 +64,7 @@ func openHeader(path string, readOnly bool) (*provider.File, *keys.Header, error
 }
 
 // readHeader reads the provider's header and warns about a damaged or stale copy.
-func readHeader(p *provider.File) (*keys.Header, error) {
+func readHeader(p store) (*keys.Header, error) {
 	h, err := readHeaderQuiet(p)
 	if err == nil && h.Warning != nil {
 		warnf("%s: %v (using the %s copy; the next header update repairs the other)", p.Path(), h.Warning, h.Copy)
@@ -66,7 +73,7 @@ func readHeader(p *provider.File) (*keys.Header, error) {
 }
 
 // readHeaderQuiet is readHeader for callers that show h.Warning themselves (dump).
-func readHeaderQuiet(p *provider.File) (*keys.Header, error) {
+func readHeaderQuiet(p store) (*keys.Header, error) {
 	h, err := keys.Read(p)
 	if err != nil {
 		// keys' message already points to eli restore where both copies are damaged.
@@ -254,7 +261,10 @@ func readBounded(path string, limit int64) ([]byte, error) {
 }
 
 // openReadOnly opens a provider for reading without locking it: dump and backup work on
-// an attached volume too.
-func openReadOnly(path string) (*provider.File, error) {
+// an attached volume too (a remote one without claiming it).
+func openReadOnly(path string) (store, error) {
+	if remote.IsURI(path) {
+		return openRemote(path, false)
+	}
 	return provider.Open(path, true)
 }

@@ -43,7 +43,9 @@ func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "eli",
 		Short: "Encrypted block devices served over NBD",
-		Long: `eli encrypts a provider (a file or a block device) sector by sector and serves
+		Long: `eli encrypts a provider (a file, a block device, or a remote NBD export named by a
+URI: nbd://HOST[:PORT]/EXPORT, nbds://... with ?tls-certificates=DIR, nbd+unix:///EXPORT?socket=PATH)
+sector by sector and serves
 the plaintext view as an NBD export that the Linux kernel, qemu, libnbd tools and
 fio can use. The default mode, xchacha20-poly1305, seals every sector under a fresh
 random nonce on every write and turns tampering into an I/O error.

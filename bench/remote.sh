@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Benchmarks eli over a remote provider against the same export used directly (issue 15):
+# nbdkit's file plugin behind its delay filter (every read and write delayed by DELAY;
+# flushes are not delayed: the filter has no knob for them) over TCP on 127.0.0.1.
+#
+#   sequential write: nbdcopy --flush of SIZE of random data to the export directly, and
+#                     to eli's export (unix socket) whose provider is that export
+#   random write:     fio's nbd engine, 4 KiB random writes at queue depth 32 for
+#                     RUNTIME seconds, directly and through eli, and a flush at the end
+#                     (end_fsync), so that eli's pending batch is committed within the
+#                     run rather than charged to the next one
+#
+# The direct export and eli's provider are two files served by one nbdkit. Runs
+# alternate direct and eli, REPEAT times per delay, and report every figure, the
+# medians, and the median of the eli/direct ratios of back-to-back runs. Usage: bench/remote.sh [DELAY...] (default: 1ms 5ms).
+# Environment: SIZE (default 256M), RUNTIME (10), REPEAT (3), MODE (eli's cipher mode).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+delays=("$@")
+[ ${#delays[@]} -gt 0 ] || delays=(1ms 5ms)
+size=${SIZE:-256M}
+runtime=${RUNTIME:-10}
+repeat=${REPEAT:-3}
+mode=${MODE:-xchacha20-poly1305}
+
+work=$(mktemp -d /dev/shm/eli-remote-bench.XXXXXX)
+export ELI_STATE_DIR=$work/state
+mkdir -m 700 "$ELI_STATE_DIR"
+nbdkit_pid=
+cleanup() {
+	[ -n "$nbdkit_pid" ] && kill "$nbdkit_pid" 2>/dev/null || true
+	./eli-bench-bin detach --force bench >/dev/null 2>&1 || true
+	rm -rf "$work" ./eli-bench-bin
+}
+trap cleanup EXIT
+go build -o ./eli-bench-bin ./cmd/eli
+eli=./eli-bench-bin
+echo pass >"$work/pass"
+head -c "$size" /dev/urandom >"$work/src" 2>/dev/null || true
+bytes=$(stat -c %s "$work/src")
+
+port=$((20000 + RANDOM % 20000))
+# One nbdkit serves two files of the same size (the file plugin's dir=: the export name
+# is the file's name): direct.img for the direct runs, eli.img for eli's volume, so that
+# the direct runs do not overwrite the volume eli is serving.
+start_nbdkit() { # delay
+	rm -rf "$work/exports"
+	mkdir "$work/exports"
+	truncate -s 1G "$work/exports/direct.img" "$work/exports/eli.img"
+	nbdkit -f -i 127.0.0.1 -p "$port" --filter=delay file dir="$work/exports" \
+		delay-read="$1" delay-write="$1" delay-zero="$1" delay-trim="$1" &
+	nbdkit_pid=$!
+	for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$port/direct.img" >/dev/null 2>&1 && return; sleep 0.1; done
+	echo "nbdkit did not start" >&2
+	exit 1
+}
+
+now() { date +%s.%N; }
+# seqwrite URI -> MB/s
+seqwrite() {
+	local t0 t1
+	t0=$(now)
+	nbdcopy --flush "$work/src" "$1"
+	t1=$(now)
+	python3 -c "print(f'{$bytes/($t1-$t0)/1e6:.0f}')"
+}
+# randwrite URI -> IOPS
+randwrite() {
+	fio --name=rw --ioengine=nbd --uri="$1" --rw=randwrite --bs=4k --iodepth=32 --size=512M --end_fsync=1 \
+		--time_based --runtime="$runtime" --output-format=json 2>/dev/null |
+		python3 -c 'import json,sys; s=sys.stdin.read(); print(round(json.loads(s[s.index("{"):])["jobs"][0]["write"]["iops"]))'
+}
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+echo "# $(date -u +%FT%TZ) $(nproc) CPUs, $(uptime | sed 's/.*load/load/'); eli mode $mode; $size sequential, ${runtime}s random"
+for d in "${delays[@]}"; do
+	start_nbdkit "$d"
+	direct="nbd://127.0.0.1:$port/direct.img"
+	remote="nbd://127.0.0.1:$port/eli.img"
+	$eli init --passphrase-file "$work/pass" --kdf-time 1 --kdf-memory 8 --cipher "$mode" \
+		$( [ "$mode" = none ] && echo --unsafe ) "$remote" >/dev/null
+	via=$($eli attach --passphrase-file "$work/pass" --name bench "$remote" | tail -1)
+	ds=() es=() dr=() er=()
+	for i in $(seq "$repeat"); do
+		ds+=("$(seqwrite "$direct")")
+		es+=("$(seqwrite "$via")")
+		dr+=("$(randwrite "$direct")")
+		er+=("$(randwrite "$via")")
+		echo "delay $d run $i: seq MB/s direct ${ds[-1]} eli ${es[-1]}; randwrite IOPS direct ${dr[-1]} eli ${er[-1]}"
+	done
+	$eli detach bench >/dev/null
+	kill "$nbdkit_pid"; wait "$nbdkit_pid" 2>/dev/null || true; nbdkit_pid=
+	# Medians of each column, and the median of the ratios of runs made back to back
+	# (which the machine's changing load affects less than the ratio of medians).
+	python3 - "$d" "${ds[*]}" "${es[*]}" "${dr[*]}" "${er[*]}" <<'PY'
+import statistics as st, sys
+d = sys.argv[1]
+ds, es, dr, er = ([float(x) for x in a.split()] for a in sys.argv[2:6])
+r = lambda a, b: st.median(y / x for x, y in zip(a, b))
+print(f"| {d} | {st.median(ds):.0f} | {st.median(es):.0f} | {r(ds, es):.2f} | {st.median(dr):.0f} | {st.median(er):.0f} | {r(dr, er):.2f} |")
+PY
+done

@@ -1,0 +1,272 @@
+// Package remote opens an NBD export (nbdclient.Remote) as an eli provider, and keeps
+// the ownership mark that stops two hosts from writing one remote volume at once.
+//
+// flock reaches only the processes of one host; an NBD export is reachable from many.
+// So a Store that writes claims the volume first (Claim): it writes a mark naming its
+// host and a random instance ID into the ownership block (mark.go), and then heartbeats
+// it, ZFS multihost style: every interval it re-reads the block and, if the mark is
+// still its own, increments the counter in it and flushes. A claimant that finds a
+// mark held by another instance waits longer than that instance's heartbeat interval
+// and reads it again: a counter that moved means a live owner (refused unless forced),
+// one that did not means an owner that is gone (taken over, with a warning). An owner
+// whose re-read finds another instance's mark has been taken over: it fences itself,
+// failing every later write and flush, so the old server stops writing.
+//
+// The ownership block belongs to the Store alone: writes from above skip it and reads
+// see zeroes there, as format version 1 promises for that region.
+package remote
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/nbdclient"
+	"github.com/elidisk/eli/provider"
+)
+
+// raw is what a Store does its I/O through: an nbdclient.Remote, or a file in tests.
+type raw interface {
+	provider.Provider
+	provider.Puncher
+	Close() error
+}
+
+// Store is a remote provider: provider.Provider, provider.Puncher and
+// provider.Capable, with the ownership block hidden from its users.
+type Store struct {
+	raw    raw
+	remote *nbdclient.Remote // nil in tests over a file
+	name   string
+	caps   provider.Capabilities
+
+	mu     sync.Mutex
+	fence  error // set once another instance took the volume over: writes fail
+	owned  bool  // this Store holds the mark (Claim or Adopt)
+	mark   Mark  // the mark as this Store last wrote it
+	stop   chan struct{}
+	done   chan struct{}
+	logf   func(string, ...any)
+	hbErrs int // consecutive failed heartbeats, for the log
+}
+
+var (
+	_ provider.Provider = (*Store)(nil)
+	_ provider.Puncher  = (*Store)(nil)
+	_ provider.Capable  = (*Store)(nil)
+)
+
+// IsURI reports whether a PROVIDER argument names a remote export.
+func IsURI(s string) bool { return nbdclient.IsURI(s) }
+
+// Canonical is the URI as eli records and shows it: nbdclient's spelling, which holds
+// no secret.
+func Canonical(uri string) (string, error) {
+	t, err := nbdclient.ParseURI(uri)
+	if err != nil {
+		return "", err
+	}
+	return t.String(), nil
+}
+
+// Open connects to the export uri names. logf, when set, hears of lost connections and
+// of heartbeats that failed.
+func Open(uri string, logf func(string, ...any)) (*Store, error) {
+	opts := &nbdclient.Options{Logf: logf}
+	r, err := nbdclient.Open(uri, opts)
+	if err != nil {
+		return nil, err
+	}
+	exp := r.Export()
+	caps := provider.Capabilities{
+		Shared: true,
+		Punch:  exp.Flags&nbdproto.TflagSendWriteZeroes != 0,
+		// The NBD spec promises nothing about tearing; the export's preferred block is
+		// the unit it says writes should come in, and 4096 what disks behind it use.
+		AtomicWrite: 4096,
+	}
+	if pb := exp.PreferredBlock; pb >= 512 && pb <= 64<<10 {
+		caps.AtomicWrite = int(pb)
+	}
+	if r.Size() < MarkOffset+MarkLen {
+		r.Close()
+		return nil, fmt.Errorf("%s: export of %d bytes is too small for an eli volume", r, r.Size())
+	}
+	return &Store{raw: r, remote: r, name: r.String(), caps: caps, logf: logf}, nil
+}
+
+// newStore wraps any raw storage (tests).
+func newStore(r raw, name string) *Store {
+	return &Store{raw: r, name: name, caps: provider.Capabilities{Shared: true, Punch: true, AtomicWrite: 4096}}
+}
+
+// Path names the export for messages: its URI, without secrets.
+func (s *Store) Path() string { return s.name }
+
+func (s *Store) Capabilities() provider.Capabilities { return s.caps }
+
+func (s *Store) Size() int64 { return s.raw.Size() }
+
+// Refresh asks the server for the export's size again (an export grown on the storage
+// side) and returns it.
+func (s *Store) Refresh() (int64, error) {
+	if s.remote == nil {
+		return s.raw.Size(), nil
+	}
+	return s.remote.Refresh()
+}
+
+// ReadAt reads from the export; the ownership block reads as zeroes.
+func (s *Store) ReadAt(b []byte, off int64) (int, error) {
+	n, err := s.raw.ReadAt(b, off)
+	if lo, hi, ok := overlap(off, int64(n)); ok {
+		clear(b[lo-off : hi-off])
+	}
+	return n, err
+}
+
+// WriteAt writes what lies outside the ownership block; it fails once fenced.
+func (s *Store) WriteAt(b []byte, off int64) (int, error) {
+	if err := s.fenced(); err != nil {
+		return 0, err
+	}
+	lo, hi, ok := overlap(off, int64(len(b)))
+	if !ok {
+		return s.raw.WriteAt(b, off)
+	}
+	if lo > off {
+		if _, err := s.raw.WriteAt(b[:lo-off], off); err != nil {
+			return 0, err
+		}
+	}
+	if end := off + int64(len(b)); hi < end {
+		if _, err := s.raw.WriteAt(b[hi-off:], hi); err != nil {
+			return 0, err
+		}
+	}
+	return len(b), nil
+}
+
+// Punch zeroes what lies outside the ownership block.
+func (s *Store) Punch(off, n int64) error {
+	if err := s.fenced(); err != nil {
+		return err
+	}
+	lo, hi, ok := overlap(off, n)
+	if !ok {
+		return s.raw.Punch(off, n)
+	}
+	if lo > off {
+		if err := s.raw.Punch(off, lo-off); err != nil {
+			return err
+		}
+	}
+	if hi < off+n {
+		return s.raw.Punch(hi, off+n-hi)
+	}
+	return nil
+}
+
+// Sync is the export's flush; it fails once fenced, so nothing written after a
+// takeover is reported durable.
+func (s *Store) Sync() error {
+	if err := s.fenced(); err != nil {
+		return err
+	}
+	return s.raw.Sync()
+}
+
+// overlap is the part of [off, off+n) inside the ownership block.
+func overlap(off, n int64) (lo, hi int64, ok bool) {
+	lo, hi = max(off, MarkOffset), min(off+n, MarkOffset+MarkLen)
+	return lo, hi, lo < hi
+}
+
+// ErrTakenOver is what writes return once another instance took the volume over.
+var ErrTakenOver = fmt.Errorf("remote volume taken over by another eli instance: writes stopped: %w", syscall.EIO)
+
+func (s *Store) fenced() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fence
+}
+
+// Fenced reports why writes stopped, or nil.
+func (s *Store) Fenced() error { return s.fenced() }
+
+// Close stops the heartbeat, releases the mark if this Store still holds it (so that
+// the next attach takes the volume at once), and disconnects.
+func (s *Store) Close() error {
+	s.stopHeartbeat()
+	var err error
+	s.mu.Lock()
+	release := s.owned && s.fence == nil
+	s.owned = false
+	m := s.mark
+	s.mu.Unlock()
+	if release {
+		err = s.release(m)
+	}
+	if cerr := s.raw.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Handoff stops the heartbeat and disconnects without releasing the mark, for a
+// process that passes the claim to another (attach to its background server, which
+// calls Adopt with the instance ID returned).
+func (s *Store) Handoff() (instance string, err error) {
+	s.stopHeartbeat()
+	s.mu.Lock()
+	inst, owned := s.mark.InstanceString(), s.owned
+	s.owned = false
+	s.mu.Unlock()
+	if !owned {
+		return "", errors.New("handoff of a remote volume this process does not hold")
+	}
+	return inst, s.raw.Close()
+}
+
+func (s *Store) release(m Mark) error {
+	cur, err := s.readMark()
+	if err != nil {
+		return fmt.Errorf("release the ownership mark of %s: %w", s.name, err)
+	}
+	if cur.State != Held || cur.Instance != m.Instance {
+		return nil // someone else's now: not ours to clear
+	}
+	m.State, m.Counter, m.Time = Released, cur.Counter+1, time.Now()
+	if err := s.writeMark(m); err != nil {
+		return fmt.Errorf("release the ownership mark of %s: %w", s.name, err)
+	}
+	return nil
+}
+
+func (s *Store) readMark() (Mark, error) {
+	b := make([]byte, MarkLen)
+	if _, err := s.raw.ReadAt(b, MarkOffset); err != nil {
+		return Mark{}, err
+	}
+	return decodeMark(b)
+}
+
+// writeMark writes m and flushes, so that a mark another host reads is on the storage.
+func (s *Store) writeMark(m Mark) error {
+	if _, err := s.raw.WriteAt(m.encode(), MarkOffset); err != nil {
+		return err
+	}
+	return s.raw.Sync()
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "unknown-host"
+	}
+	return h
+}
