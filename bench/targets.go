@@ -304,11 +304,12 @@ func (w *world) makeEli(ctx context.Context, m sector.Mode, img string) error {
 }
 
 // eliProviderSize is the smallest provider (a multiple of 64 KiB) whose eli volume of
-// mode m, in 4096-byte sectors, exports at least size bytes.
+// mode m, in 4096-byte sectors and the format version eli init makes, exports at least
+// size bytes.
 func eliProviderSize(size int64, m sector.Mode) (int64, error) {
 	const unit = 64 << 10
 	fits := func(p int64) bool {
-		l, err := layout.Plan(p, 4096, m, 0)
+		l, err := layout.PlanVersion(layout.DefaultVersion(m), p, 4096, m, 0)
 		return err == nil && l.Size() >= size
 	}
 	lo, hi := size/unit, 2*size/unit+1024 // every mode's overhead is far below size + 64 MiB

@@ -368,6 +368,15 @@ func Plan(size int64, sectorSize int, mode sector.Mode, journalLen int64) (Layou
 	return PlanVersion(Version1, size, sectorSize, mode, journalLen)
 }
 
+// DefaultVersion is the format version eli init makes for mode: 2 (the hash tree) for the
+// authenticated modes, 1 for the length-preserving ones.
+func DefaultVersion(mode sector.Mode) uint32 {
+	if mode.Authenticated() {
+		return Version2
+	}
+	return Version1
+}
+
 // PlanVersion is Plan for a format version (Version2 for authenticated modes only).
 func PlanVersion(version uint32, size int64, sectorSize int, mode sector.Mode, journalLen int64) (Layout, error) {
 	if version == Version1 {

@@ -199,10 +199,8 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 	if err != nil {
 		return err
 	}
-	version := uint32(layout.Version1)
+	version := layout.DefaultVersion(mode)
 	switch {
-	case o.format == 0 && mode.Authenticated():
-		version = layout.Version2
 	case o.format == 2 && !mode.Authenticated():
 		return usageError{fmt.Errorf("--format 2 is for authenticated modes; %s is length-preserving", mode)}
 	case o.format == 1 || o.format == 2:
