@@ -11,14 +11,11 @@ import (
 	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
-// TestShutdownFinishesInFlight: Shutdown lets requests in flight finish and answers them,
-// refuses requests still arriving with ESHUTDOWN, flushes the backend, closes every
-// connection, and makes Serve return ErrServerClosed.
-func TestShutdownFinishesInFlight(t *testing.T) {
-	t.Parallel()
-	mem := newMem(4 << 20)
-	started := make(chan struct{}, 16)
-	release := make(chan struct{})
+// heldWrites is a backend whose writes each say they started on started and then wait
+// for release to be closed.
+func heldWrites() (mem *memBackend, started chan struct{}, release chan struct{}) {
+	mem = newMem(4 << 20)
+	started, release = make(chan struct{}, 16), make(chan struct{})
 	mem.hook = func(name string, off, n int64, f Flags) error {
 		if name == "write" {
 			started <- struct{}{}
@@ -26,6 +23,15 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 		}
 		return nil
 	}
+	return mem, started, release
+}
+
+// TestShutdownFinishesInFlight: Shutdown lets requests in flight finish and answers them,
+// refuses requests still arriving with ESHUTDOWN, flushes the backend, closes every
+// connection, and makes Serve return ErrServerClosed.
+func TestShutdownFinishesInFlight(t *testing.T) {
+	t.Parallel()
+	mem, started, release := heldWrites()
 	srv := oneExportServer(mem, nil)
 	srv.Logger = testLogger(t)
 	l, err := ListenUnix(filepath.Join(shortTempDir(t), "s"))
@@ -238,16 +244,7 @@ func TestInvalidExports(t *testing.T) {
 // server sends it again instead of failing it with ESHUTDOWN.
 func TestHandoverLeavesLateRequestsUnanswered(t *testing.T) {
 	t.Parallel()
-	mem := newMem(4 << 20)
-	started := make(chan struct{}, 16)
-	release := make(chan struct{})
-	mem.hook = func(name string, off, n int64, f Flags) error {
-		if name == "write" {
-			started <- struct{}{}
-			<-release
-		}
-		return nil
-	}
+	mem, started, release := heldWrites()
 	srv := oneExportServer(mem, nil)
 	srv.Logger = testLogger(t)
 	const n, late = 3, 3

@@ -103,6 +103,12 @@ func connectAttrs(c Config) ([]byte, error) {
 	ae.Uint64(attrBlockSizeBytes, c.BlockSize)
 	ae.Uint64(attrServerFlags, uint64(c.ServerFlags))
 	ae.Uint64(attrClientFlags, clientFlagDestroyOnDisconnect)
+	return encodeLink(ae, c)
+}
+
+// encodeLink adds what connect and reconfigure both send (timeouts, backend, sockets)
+// and encodes the message.
+func encodeLink(ae *netlink.AttributeEncoder, c Config) ([]byte, error) {
 	if c.TimeoutSeconds > 0 {
 		ae.Uint64(attrTimeout, c.TimeoutSeconds)
 	}
@@ -133,17 +139,7 @@ func reconfigureAttrs(c Config) ([]byte, error) {
 	if c.Size > 0 {
 		ae.Uint64(attrSizeBytes, c.Size)
 	}
-	if c.TimeoutSeconds > 0 {
-		ae.Uint64(attrTimeout, c.TimeoutSeconds)
-	}
-	if c.DeadConnTimeoutSeconds > 0 {
-		ae.Uint64(attrDeadConnTimeout, c.DeadConnTimeoutSeconds)
-	}
-	if c.Backend != "" {
-		ae.String(attrBackend, c.Backend)
-	}
-	encodeSockets(ae, c.Sockets)
-	return ae.Encode()
+	return encodeLink(ae, c)
 }
 
 func encodeSockets(ae *netlink.AttributeEncoder, socks []*os.File) {

@@ -232,7 +232,6 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 	if err != nil {
 		return nil, err
 	}
-	ownerForce = o.force
 	lock, err := lockName(sd, cfg.Name)
 	if err != nil {
 		return nil, err
@@ -243,7 +242,14 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 			lock.Release()
 		}
 	}()
-	p, h, err := openHeader(path, o.readOnly)
+	a := writeAccess
+	switch {
+	case o.readOnly:
+		a = readAccess
+	case o.force:
+		a = takeoverAccess
+	}
+	p, h, err := openHeader(path, a)
 	if err != nil {
 		return nil, err
 	}

@@ -178,7 +178,7 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 			}()
 		}
 	}
-	p, err := openLocked(path, false)
+	p, err := openLocked(path, writeAccess)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%s does not exist; give --size to create it", path)
 	}

@@ -103,7 +103,7 @@ func runSetkey(cmd *cobra.Command, o *setkeyOptions, path string) error {
 	if err := o.kdf.validate(o.old.kdfLimits()); err != nil {
 		return err
 	}
-	p, h, err := openHeader(path, false)
+	p, h, err := openHeader(path, writeAccess)
 	if err != nil {
 		return err
 	}
@@ -149,7 +149,7 @@ unreachable) unless --force is given.`,
 				}
 				return usagef("--slot N is required, 0 to %d", keys.NumSlots-1)
 			}
-			p, _, err := openHeader(args[0], false)
+			p, _, err := openHeader(args[0], writeAccess)
 			if err != nil {
 				return err
 			}
@@ -180,7 +180,7 @@ known. It asks for confirmation unless --yes is given.`,
 		Example: "  eli kill disk.img\n  eli kill --yes disk.img",
 		Args:    exactArgs("PROVIDER"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, h, err := openHeader(args[0], false)
+			p, h, err := openHeader(args[0], writeAccess)
 			if err != nil {
 				return err
 			}
@@ -267,7 +267,7 @@ size, unless --force is given.`,
 			if _, err := keys.Decode(b); err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
-			p, err := openLocked(args[1], false)
+			p, err := openLocked(args[1], writeAccess)
 			if err != nil {
 				return err
 			}

@@ -44,7 +44,7 @@ eli volume is refused unless --force is given.`,
 			if err != nil {
 				return err
 			}
-			p, err := openLocked(args[0], false)
+			p, err := openLocked(args[0], writeAccess)
 			if err != nil {
 				lock.Release()
 				return err

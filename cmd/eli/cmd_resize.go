@@ -32,7 +32,7 @@ read as zeroes. Shrinking is refused. The volume must not be attached.`,
 					return usageError{err}
 				}
 			}
-			p, h, err := openHeader(path, false)
+			p, h, err := openHeader(path, writeAccess)
 			if err != nil {
 				return err
 			}

@@ -24,11 +24,12 @@ func warnf(format string, args ...any) {
 // (an attached server, another setkey) changes it under us.
 //
 // A remote PROVIDER (an NBD URI) cannot be flock'ed from here: it is claimed through its
-// ownership mark instead (remote.Store.Claim), unless readOnly.
-func openLocked(path string, readOnly bool) (store, error) {
+// ownership mark instead (remote.Store.Claim), unless a is readAccess.
+func openLocked(path string, a access) (store, error) {
 	if remote.IsURI(path) {
-		return openRemote(path, !readOnly)
+		return openRemote(path, a)
 	}
+	readOnly := a == readAccess
 	p, err := provider.Open(path, readOnly)
 	if err != nil {
 		if !readOnly && (errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS)) {
@@ -50,8 +51,8 @@ func openLocked(path string, readOnly bool) (store, error) {
 }
 
 // openHeader opens and locks a provider and reads its header.
-func openHeader(path string, readOnly bool) (store, *keys.Header, error) {
-	p, err := openLocked(path, readOnly)
+func openHeader(path string, a access) (store, *keys.Header, error) {
+	p, err := openLocked(path, a)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -264,7 +265,7 @@ func readBounded(path string, limit int64) ([]byte, error) {
 // an attached volume too (a remote one without claiming it).
 func openReadOnly(path string) (store, error) {
 	if remote.IsURI(path) {
-		return openRemote(path, false)
+		return openRemote(path, readAccess)
 	}
 	return provider.Open(path, true)
 }

@@ -23,19 +23,25 @@ type store interface {
 	Close() error
 }
 
-// ownerForce is set by attach --force: a claim takes a remote volume over from a live
-// owner instead of refusing.
-var ownerForce bool
+// access is what a command does with a PROVIDER, which decides how it is opened.
+type access int
 
-// openRemote connects to an export; with claim, it takes the volume's ownership mark
-// (waiting out another instance's heartbeat if there is one), which Close releases.
-func openRemote(uri string, claim bool) (*remote.Store, error) {
+const (
+	readAccess     access = iota // read only: no flock, no claim of a remote volume
+	writeAccess                  // flock a local provider, claim a remote one
+	takeoverAccess               // as writeAccess, but take a remote volume over from a live owner (attach --force)
+)
+
+// openRemote connects to an export; for writeAccess and takeoverAccess it claims the
+// volume's ownership mark (waiting out another instance's heartbeat if there is one),
+// which Close releases.
+func openRemote(uri string, a access) (*remote.Store, error) {
 	s, err := remote.Open(uri, nil)
 	if err != nil {
 		return nil, err
 	}
-	if claim {
-		if err := s.Claim(remote.ClaimOptions{Force: ownerForce, Notify: func(m string) { warnf("%s", m) }}); err != nil {
+	if a != readAccess {
+		if err := s.Claim(remote.ClaimOptions{Force: a == takeoverAccess, Notify: func(m string) { warnf("%s", m) }}); err != nil {
 			s.Close()
 			return nil, err
 		}

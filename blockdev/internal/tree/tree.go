@@ -306,30 +306,11 @@ func (t *Tree) Update(leaves []Leaf) (*Commit, error) {
 	}
 	// Load (and verify) every node that will change before changing any: a failure then
 	// leaves the tree as it was.
-	changed := make(map[nodeKey]bool)
-	for _, l := range leaves {
-		if l.Index >= t.geom.Width(0) {
-			return nil, fmt.Errorf("tree: leaf %d of %d", l.Index, t.geom.Width(0))
-		}
-		for k := (nodeKey{1, l.Index / Arity}); !changed[k]; k, _ = t.parentOf(k) {
-			changed[k] = true
-			if k.level == t.geom.Levels() {
-				break
-			}
-		}
+	keys, err := pathKeys(t.geom, leaves)
+	if err != nil {
+		return nil, err
 	}
-	keys := make([]nodeKey, 0, len(changed))
-	for k := range changed {
-		keys = append(keys, k)
-	}
-	// Bottom up, and in index order within a level; loaded top down, so that each node's
-	// parent is there to verify it against.
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].level != keys[j].level {
-			return keys[i].level < keys[j].level
-		}
-		return keys[i].index < keys[j].index
-	})
+	// Loaded top down, so that each node's parent is there to verify it against.
 	down := append([]nodeKey(nil), keys...)
 	slices.Reverse(down)
 	// Pin each node as it is loaded, so that loading the next cannot evict it.
@@ -395,24 +376,16 @@ func (t *Tree) unpin(n *node) {
 	}
 }
 
-// Recover is the tree whose interior nodes are those the store holds now, with the leaves'
-// digests set: every node on their paths is read without verification, patched, and hashed
-// up to a root. It is for crash recovery, where the nodes on the paths of the interrupted
-// commit may be old, new or torn on disk while every other slot of theirs is the same in
-// both versions: so the recomputed root is the journal's root exactly when nothing else
-// changed. The caller compares Root with the root it trusts before it keeps anything.
-//
-// The path nodes stay cached and pinned until Written(c); with no leaves, only the top
-// node is read, and c has nothing to write.
-func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Commit, error) {
-	t := New(g, store, Digest{}, maxNodes)
+// pathKeys is every interior node on the paths from leaves to the top, and the top node
+// itself, each once: bottom up, and in index order within a level.
+func pathKeys(g Geometry, leaves []Leaf) ([]nodeKey, error) {
 	top := nodeKey{g.Levels(), 0}
 	changed := map[nodeKey]bool{top: true}
 	for _, l := range leaves {
 		if l.Index >= g.Width(0) {
-			return nil, nil, fmt.Errorf("tree: leaf %d of %d", l.Index, g.Width(0))
+			return nil, fmt.Errorf("tree: leaf %d of %d", l.Index, g.Width(0))
 		}
-		for k := (nodeKey{1, l.Index / Arity}); !changed[k]; k, _ = t.parentOf(k) {
+		for k := (nodeKey{1, l.Index / Arity}); !changed[k]; k = (nodeKey{k.level + 1, k.index / Arity}) {
 			changed[k] = true
 		}
 	}
@@ -426,6 +399,24 @@ func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Comm
 		}
 		return keys[i].index < keys[j].index
 	})
+	return keys, nil
+}
+
+// Recover is the tree whose interior nodes are those the store holds now, with the leaves'
+// digests set: every node on their paths is read without verification, patched, and hashed
+// up to a root. It is for crash recovery, where the nodes on the paths of the interrupted
+// commit may be old, new or torn on disk while every other slot of theirs is the same in
+// both versions: so the recomputed root is the journal's root exactly when nothing else
+// changed. The caller compares Root with the root it trusts before it keeps anything.
+//
+// The path nodes stay cached and pinned until Written(c); with no leaves, only the top
+// node is read, and c has nothing to write.
+func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Commit, error) {
+	t := New(g, store, Digest{}, maxNodes)
+	keys, err := pathKeys(g, leaves)
+	if err != nil {
+		return nil, nil, err
+	}
 	for _, k := range keys {
 		n := &node{key: k, data: make([]byte, NodeSize)}
 		if err := store.ReadNode(k.level, k.index, n.data); err != nil {
@@ -444,7 +435,7 @@ func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Comm
 	for _, k := range keys {
 		n := t.nodes[k]
 		d := n.h.Digest(k.level, k.index)
-		if k == top {
+		if k.level == g.Levels() {
 			t.root = d
 		} else {
 			pk, slot := t.parentOf(k)
