@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Measures eli's per-request overhead (issue 19): 4 KiB random I/O through fio's nbd
+# engine on three volumes side by side, eli none, xchacha20-poly1305 format 1 and format
+# 2, each on a tmpfs provider prefilled with SIZE of random data. Rounds alternate the
+# volumes, so that load from other jobs falls on all three alike; every line gives IOPS,
+# completion-latency percentiles and the server's CPU time per I/O (user + system, from
+# /proc/PID/stat, which counts every thread of the server, over fio's 1 s ramp too: a
+# slight overstatement, alike for all three).
+#
+#   Usage: bench/randio.sh [WORKLOAD...]   (default: randwrite:32 randwrite:1 randread:32 randread:1)
+#   Environment: SIZE (default 1G), RUNTIME (seconds per fio run, default 5), ROUNDS (3),
+#                ELI (binary; default: go build ./cmd/eli), DIR (tmpfs, default /dev/shm).
+#
+# Ratios to quote are xchacha/none of the same round. The server's CPU per I/O tells
+# where a ratio comes from on a machine whose two cores fio shares with the server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+workloads=("$@")
+[ ${#workloads[@]} -gt 0 ] || workloads=(randwrite:32 randwrite:1 randread:32 randread:1)
+size=${SIZE:-1G}
+runtime=${RUNTIME:-5}
+rounds=${ROUNDS:-3}
+
+work=$(mktemp -d "${DIR:-/dev/shm}/eli-randio.XXXXXX")
+pid=
+cleanup() {
+	[ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+eli=${ELI:-}
+if [ -z "$eli" ]; then
+	eli=$work/eli
+	go build -o "$eli" ./cmd/eli
+fi
+mkdir -m 700 "$work/state"
+echo bench >"$work/pass"
+head -c "$size" /dev/urandom >"$work/src"
+bytes=$(stat -c %s "$work/src")
+kdf=(--passphrase-file "$work/pass" --kdf-time 1 --kdf-memory 8 --kdf-threads 1)
+
+# serve VOL: attach VOL in the foreground on a unix socket; sets pid and sock.
+serve() {
+	sock=$work/$1.sock
+	rm -f "$sock"
+	ELI_WITNESS_DIR=$work/witness "$eli" --state-dir "$work/state" attach --foreground \
+		--passphrase-file "$work/pass" --name "$1" --socket "$sock" "$work/$1.img" >>"$work/$1.log" 2>&1 &
+	pid=$!
+	for _ in $(seq 200); do [ -S "$sock" ] && return; sleep 0.05; done
+	echo "eli attach of $1 did not start:" >&2
+	cat "$work/$1.log" >&2
+	exit 1
+}
+unserve() {
+	kill "$pid"
+	wait "$pid" || true
+	pid=
+}
+cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+vols=(none x1 x2)
+for v in "${vols[@]}"; do
+	# 1/16 more than the data: every mode's metadata fits in that.
+	truncate -s $((bytes + bytes / 16)) "$work/$v.img"
+	case $v in
+	none) "$eli" init --cipher none --unsafe "${kdf[@]}" "$work/$v.img" ;;
+	x1) "$eli" init --format 1 "${kdf[@]}" "$work/$v.img" ;;
+	x2) "$eli" init --format 2 "${kdf[@]}" "$work/$v.img" ;;
+	esac >/dev/null 2>&1
+	serve "$v"
+	nbdcopy --flush "$work/src" "nbd+unix:///?socket=$sock"
+	unserve
+done
+rm -f "$work/src"
+
+hz=$(getconf CLK_TCK)
+echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
+for w in "${workloads[@]}"; do
+	rw=${w%%:*} qd=${w##*:}
+	for r in $(seq "$rounds"); do
+		for v in "${vols[@]}"; do
+			serve "$v"
+			t0=$(cputicks "$pid")
+			out=$(fio --name=randio --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw="$rw" --bs=4k \
+				--iodepth="$qd" --numjobs=1 --size="$bytes" --time_based --runtime="${runtime}s" \
+				--ramp_time=1s --output-format=json 2>/dev/null)
+			t1=$(cputicks "$pid")
+			unserve
+			python3 - "$v" "$rw" "$qd" "$r" $((t1 - t0)) "$hz" "$out" <<'EOF'
+import json, sys
+v, rw, qd, r, ticks, hz, out = sys.argv[1:]
+job = json.loads(out[out.index("{"):])["jobs"][0]
+if job["error"]:
+    sys.exit(f"fio {rw} on {v}: error {job['error']}")
+x = job["read" if rw.endswith("read") else "write"]
+p = x["clat_ns"]["percentile"]
+cpu = int(ticks) / int(hz) * 1e6 / x["total_ios"]
+print(f"{rw} qd{qd} round {r} {v:4}: {x['iops']:8.0f} IOPS  p50 {p['50.000000']/1e3:6.0f} us"
+      f"  p99 {p['99.000000']/1e3:6.0f} us  p99.9 {p['99.900000']/1e3:6.0f} us  server CPU {cpu:5.1f} us/IO")
+EOF
+		done
+	done
+done
