@@ -269,7 +269,7 @@ func (a *authEngine) writeJournal(entries []journalEntry) error {
 	if err != nil {
 		return err
 	}
-	if _, err := a.p.WriteAt(buf, a.l.JournalOffset()); err != nil {
+	if err := a.writeTearable(buf, a.l.JournalOffset()); err != nil {
 		return fmt.Errorf("write journal: %w", err)
 	}
 	return a.timedSync()
@@ -366,7 +366,7 @@ func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) erro
 }
 
 func (a *authEngine) writeBlock(blk *mblock) error {
-	if _, err := a.p.WriteAt(blk.data, a.geo.blockPos(blk.g)); err != nil {
+	if err := a.writeTearable(blk.data, a.geo.blockPos(blk.g)); err != nil {
 		return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
 	}
 	return nil
@@ -410,10 +410,27 @@ func (a *authEngine) writeNodes(commits []*tree.Commit) error {
 			}
 			a.nodeBuf = buf
 		}
-		if _, err := a.p.WriteAt(buf, ops[x].pos); err != nil {
+		if err := a.writeTearable(buf, ops[x].pos); err != nil {
 			return fmt.Errorf("write tree nodes at %d: %w", ops[x].pos, err)
 		}
 		x = y
 	}
 	return nil
+}
+
+// writeTearable writes what recovery accepts torn at any byte, not only whole atomic
+// units: the journal (its seal fails if torn, and a torn journal was never synced, so
+// nothing of its round was written in place), metadata blocks and tree nodes (the
+// journal names the old and new record of every sector whose record changes, and
+// recovery rewrites them and rebuilds the nodes above them). Where the provider can, it
+// copies them into a mapping instead of making a system call: on tmpfs that takes most
+// of the cost of a lone random write's metadata off it (docs/benchmarks.md).
+func (c *core) writeTearable(b []byte, off int64) error {
+	if c.mapped != nil {
+		if ok, err := c.mapped.WriteMapped(b, off); ok {
+			return err
+		}
+	}
+	_, err := c.p.WriteAt(b, off)
+	return err
 }

@@ -103,6 +103,7 @@ type crashVariant struct {
 	unit       int64 // atomic write unit of the simulated provider
 	cacheBytes int64 // small values force commits into several rounds
 	tornOK     bool  // unit < sector size: torn sectors may fail authentication
+	mapped     bool  // the provider takes WriteMapped, torn at any byte by a crash
 	version    uint32
 	seeds      int // seeds to run (6 when 0)
 }
@@ -144,6 +145,13 @@ func TestCrashConsistency(t *testing.T) {
 		{name: "v2-512-unit512-twolevels", sectorSize: 512, sectors: 102*130 + 7, unit: 512, version: layout.Version2, seeds: 1},
 		{name: "v2-4096-unit4096", sectorSize: 4096, sectors: 250, unit: 4096, version: layout.Version2},
 		{name: "v2-512-unit512-rounds", sectorSize: 512, sectors: 330, unit: 512, cacheBytes: 2 * 4096, version: layout.Version2},
+		// A provider mapped on tmpfs: the journal, metadata blocks and tree nodes are
+		// copied into the mapping, and a crash tears them at any byte.
+		{name: "4096-unit4096-mapped", sectorSize: 4096, sectors: 250, unit: 4096, mapped: true},
+		{name: "512-unit512-rounds-mapped", sectorSize: 512, sectors: 330, unit: 512, cacheBytes: 2 * 4096, mapped: true},
+		{name: "v2-4096-unit4096-mapped", sectorSize: 4096, sectors: 250, unit: 4096, version: layout.Version2, mapped: true},
+		{name: "v2-512-unit512-twolevels-mapped", sectorSize: 512, sectors: 102*130 + 7, unit: 512, version: layout.Version2, mapped: true, seeds: 1},
+		{name: "v2-512-unit512-rounds-mapped", sectorSize: 512, sectors: 330, unit: 512, cacheBytes: 2 * 4096, version: layout.Version2, mapped: true},
 	}
 	total := 0
 	for _, v := range variants {
@@ -217,6 +225,7 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		t.Fatal(err)
 	}
 	rec := newRecorder(mem.data)
+	rec.mapped = v.mapped
 	// Version 2: the generations a witness would have recorded, with the number of I/O
 	// events done when each was reported. A crash after that point must reopen with the
 	// generation as the minimum (the provider is never older than its witness).
@@ -388,6 +397,7 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		if c%7 == 3 {
 			// Crash again in the middle of recovery, then recover that.
 			r2 := newRecorder(img)
+			r2.mapped = v.mapped
 			cfgR := cfg
 			cfgR.OnFlushed = nil
 			d2, err := Open(r2, cfgR)

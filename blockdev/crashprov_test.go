@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 )
 
@@ -16,6 +17,9 @@ type recorder struct {
 	cur    []byte // contents with every recorded event applied: what reads see
 	events []ioEvent
 	failAt int // with failAt ≥ 0, the event with that index and all later ones fail
+	// mapped: WriteMapped takes writes, as provider.File does on tmpfs; a crash tears
+	// them at any byte rather than at the atomic unit.
+	mapped bool
 }
 
 type evKind uint8
@@ -31,6 +35,8 @@ type ioEvent struct {
 	off  int64
 	data []byte // evWrite
 	n    int64  // evPunch
+	// mapped: an evWrite made by WriteMapped, which a crash tears at any byte.
+	mapped bool
 }
 
 var errCrashed = errors.New("provider crashed (test)")
@@ -74,6 +80,15 @@ func (r *recorder) WriteAt(b []byte, off int64) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+func (r *recorder) WriteMapped(b []byte, off int64) (bool, error) {
+	if !r.mapped {
+		return false, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return true, r.record(ioEvent{kind: evWrite, off: off, data: bytes.Clone(b), mapped: true})
 }
 
 func (r *recorder) Punch(off, n int64) error {
@@ -121,25 +136,46 @@ func (r *recorder) crashImage(c int, unit int64, rng *rand.Rand) (img []byte, to
 		case 0: // lost
 		case 1:
 			apply(img, e, e.off, e.off+e.size())
-		case 2: // torn: each atomic unit kept or not
+		case 2: // torn: each piece kept or not
 			end := e.off + e.size()
 			kept := 0
-			units := 0
-			for a := e.off; a < end; {
-				b := min(end, (a/unit+1)*unit)
+			pieces := tornPieces(e, unit, rng)
+			for k, a := range pieces {
+				b := end
+				if k+1 < len(pieces) {
+					b = pieces[k+1]
+				}
 				if rng.IntN(2) == 0 {
 					apply(img, e, a, b)
 					kept++
 				}
-				units++
-				a = b
 			}
-			if kept > 0 && kept < units {
+			if kept > 0 && kept < len(pieces) {
 				torn++
 			}
 		}
 	}
 	return img, torn
+}
+
+// tornPieces gives the start offsets of the pieces a crash may keep or lose of write e
+// independently: its atomic units, or for a mapped write (a memory copy cut short) up to
+// 8 pieces cut at random bytes.
+func tornPieces(e ioEvent, unit int64, rng *rand.Rand) []int64 {
+	end := e.off + e.size()
+	var starts []int64
+	if !e.mapped {
+		for a := e.off; a < end; a = min(end, (a/unit+1)*unit) {
+			starts = append(starts, a)
+		}
+		return starts
+	}
+	starts = append(starts, e.off)
+	for range 1 + rng.IntN(7) {
+		starts = append(starts, e.off+1+rng.Int64N(max(1, e.size()-1)))
+	}
+	slices.Sort(starts)
+	return slices.Compact(starts)
 }
 
 func (e ioEvent) size() int64 {

@@ -141,6 +141,9 @@ type core struct {
 	p       provider.Provider
 	caps    provider.Capabilities
 	puncher provider.Puncher // nil unless caps.Punch
+	// mapped writes the journal, metadata blocks and tree nodes where the provider can
+	// without a system call (writeTearable); nil if it cannot.
+	mapped provider.MappedWriter
 	l       Layout
 	geo     geometry // l's numbers, for the per-sector paths
 	codec   sector.Codec
@@ -197,6 +200,7 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	if d.caps.Punch {
 		d.puncher = p.(provider.Puncher)
 	}
+	d.mapped, _ = p.(provider.MappedWriter)
 	d.pieceSectors = max(1, (1<<20)/d.s)
 	d.chunkSectors = max(1, (64<<10)/d.s)
 	d.ioPiece = max(1, (256<<10)/d.s)

@@ -276,7 +276,7 @@ func (a *authEngine) writeJournal2(entries []journalEntry) error {
 	if err != nil {
 		return err
 	}
-	if _, err := a.p.WriteAt(buf, off); err != nil {
+	if err := a.writeTearable(buf, off); err != nil {
 		return fmt.Errorf("write journal: %w", err)
 	}
 	return a.timedSync()

@@ -23,27 +23,38 @@ import (
 // the same bytes, a page of memory spent.) The mapping costs no memory of its own beyond
 // page tables for the pages read through it: 2 MiB per GiB read, with 4 KiB pages.
 //
-// Writes stay pwrite. A copy into the mapping would cost much less CPU than pwrite, but
-// a process killed in the middle of a memory copy leaves a torn sector, where pwrite,
-// page by page from memory it holds, leaves each page old or new; and the crash
-// guarantee needs every sector old or new after a crash (docs/threat-model.md). On file systems backed by a disk nothing is mapped: pread costs
-// much less there than on tmpfs, and a mapping would only add page tables.
+// Data writes stay pwrite. A copy into the mapping costs much less CPU than pwrite, but
+// a process killed in the middle of a memory copy leaves the range torn at any byte,
+// where pwrite, page by page from memory it holds, leaves each page old or new; and the
+// crash guarantee needs every sector old or new after a crash (docs/threat-model.md).
+// WriteMapped offers the copy to callers whose writes recovery accepts torn at any byte:
+// blockdev's journal, metadata blocks and tree nodes, which the journal or its seal
+// accounts for (docs/format.md, "Journal"). Such a write into a hole allocates its page
+// as pwrite would; where tmpfs is full that is a fault, an error like pwrite's ENOSPC.
+// On file systems backed by a disk nothing is mapped: pread costs much less there than
+// on tmpfs, a mapping would only add page tables, and a write through it would reach
+// the disk only by msync.
 //
 // A fault in the mapping (the file truncated by another process) is SIGBUS; with
 // SetPanicOnFault it becomes a panic that ReadAt turns into an error for that read, as
 // pread would return EIO or a short read.
 
-// mapIfTmpfs maps the file for reading if it is a non-empty regular file on tmpfs.
-// Where that does not apply, or mapping fails, the file keeps to pread: the mapping is
-// only ever a faster way to the same bytes.
+// mapIfTmpfs maps the file if it is a non-empty regular file on tmpfs: for reading, and
+// for writing too if the file is open for writing. Where that does not apply, or mapping
+// fails, the file keeps to pread and pwrite: the mapping is only ever a faster way to the
+// same bytes.
 func (p *File) mapIfTmpfs() {
 	var st unix.Statfs_t
 	fd := int(p.f.Fd())
 	if p.isBlock || p.size <= 0 || int64(int(p.size)) != p.size || unix.Fstatfs(fd, &st) != nil || st.Type != unix.TMPFS_MAGIC {
 		return
 	}
-	if mem, err := unix.Mmap(fd, 0, int(p.size), unix.PROT_READ, unix.MAP_SHARED); err == nil {
-		p.mem = mem
+	prot := unix.PROT_READ
+	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil && fl&unix.O_ACCMODE == unix.O_RDWR {
+		prot |= unix.PROT_WRITE
+	}
+	if mem, err := unix.Mmap(fd, 0, int(p.size), prot, unix.MAP_SHARED); err == nil {
+		p.mem, p.memWritable = mem, prot&unix.PROT_WRITE != 0
 	}
 }
 
@@ -56,7 +67,7 @@ func (p *File) unmap() error {
 		return nil
 	}
 	mem := p.mem
-	p.mem = nil
+	p.mem, p.memWritable = nil, false
 	if err := unix.Munmap(mem); err != nil {
 		return fmt.Errorf("unmap %s: %w", p.path, err)
 	}
@@ -95,6 +106,28 @@ func (p *File) readMapped(b []byte, off int64) (n int, ok bool, err error) {
 // copyMapped copies the mapping at off into b, which the caller has checked lies within
 // it. A fault there is returned as an error; any other panic goes on.
 func (p *File) copyMapped(b []byte, off int64) (n int, err error) {
+	return p.guardFault("read", off, func() int { return copy(b, p.mem[off:]) })
+}
+
+// WriteMapped copies b into the mapping at off, without a system call, if the file is
+// mapped for writing and the range lies within the mapping; ok false leaves the write to
+// WriteAt. A process killed during the copy leaves the range torn at any byte (see
+// above): only for writes that recovery accepts torn.
+func (p *File) WriteMapped(b []byte, off int64) (ok bool, err error) {
+	if !p.memWritable || off < 0 || off > int64(len(p.mem))-int64(len(b)) {
+		return false, nil
+	}
+	n, err := p.guardFault("write", off, func() int { return copy(p.mem[off:], b) })
+	if err == nil && n != len(b) {
+		err = fmt.Errorf("write %s at offset %d: short copy into the mapping", p.path, off)
+	}
+	return true, err
+}
+
+// guardFault runs a copy from or into the mapping; a fault in the mapping (the file
+// truncated by another process, or tmpfs full under a write into a hole) is returned as
+// an error, any other panic goes on.
+func (p *File) guardFault(op string, off int64, copyFn func() int) (n int, err error) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
 		debug.SetPanicOnFault(old)
@@ -103,10 +136,10 @@ func (p *File) copyMapped(b []byte, off int64) (n int, err error) {
 			if !isFault || !p.inMapping(fault.Addr()) {
 				panic(r)
 			}
-			n, err = 0, fmt.Errorf("read %s at offset %d: the mapped file faulted (truncated by another process?)", p.path, off)
+			n, err = 0, fmt.Errorf("%s %s at offset %d: the mapped file faulted (truncated by another process, or the file system full?)", op, p.path, off)
 		}
 	}()
-	return copy(b, p.mem[off:]), nil
+	return copyFn(), nil
 }
 
 // inMapping reports whether addr lies in the mapping.

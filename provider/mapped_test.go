@@ -217,3 +217,70 @@ func TestMappedReadsLeaveHoles(t *testing.T) {
 		t.Fatalf("%d bytes allocated after writing 64 KiB and reading holes", used)
 	}
 }
+
+// TestWriteMapped: a file on tmpfs open for writing takes writes through its mapping,
+// which pread and a second open see, also into a hole and at the end; a read-only open,
+// a range outside the file and a file not on tmpfs leave the write to WriteAt (ok
+// false), and a write into a page that no longer exists is an error, not a crash.
+func TestWriteMapped(t *testing.T) {
+	t.Parallel()
+	const size = 1 << 20
+	path := shmFile(t, size)
+	p := openMapped(t, path)
+	want := make([]byte, size)
+	write := func(b []byte, off int64) {
+		t.Helper()
+		ok, err := p.WriteMapped(b, off)
+		if !ok || err != nil {
+			t.Fatalf("WriteMapped %d+%d: %v, %v", off, len(b), ok, err)
+		}
+		copy(want[off:], b)
+	}
+	write(bytes.Repeat([]byte{0xa5}, 4096), 8192)  // into a hole
+	write([]byte("record"), 8192+100)              // unaligned, inside a page
+	write(bytes.Repeat([]byte{0x3c}, 6000), 60000) // across a page boundary
+	write([]byte("end"), size-3)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make([]byte, size)
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("pread through another descriptor does not see what was written through the mapping")
+	}
+	for _, r := range [][2]int64{{size - 2, 3}, {-1, 1}, {size, 1}} {
+		if ok, err := p.WriteMapped(make([]byte, r[1]), r[0]); ok || err != nil {
+			t.Fatalf("WriteMapped %d+%d outside the file: %v, %v", r[0], r[1], ok, err)
+		}
+	}
+
+	ro, err := Open(path, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if ok, err := ro.WriteMapped([]byte{1}, 0); ok || err != nil {
+		t.Fatalf("WriteMapped on a read-only open: %v, %v", ok, err)
+	}
+	disk, err := Open(tempFile(t, size), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer disk.Close()
+	if ok, _ := disk.WriteMapped([]byte{1}, 0); ok != disk.Mapped() {
+		t.Fatalf("WriteMapped on a file mapped %v took the write: %v", disk.Mapped(), ok)
+	}
+
+	if err := os.Truncate(path, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	ok, err := p.WriteMapped(make([]byte, 4096), 512<<10)
+	if !ok || err == nil || !strings.Contains(err.Error(), "faulted") {
+		t.Fatalf("WriteMapped past the truncated end: %v, %v; want a fault error", ok, err)
+	}
+	write([]byte("still"), 100)
+}

@@ -58,6 +58,16 @@ type Puncher interface {
 	Punch(off, length int64) error
 }
 
+// MappedWriter is implemented by providers that can write a range by copying it into
+// memory shared with the storage (a mapped file on tmpfs), without a system call. The
+// price: a process killed during the copy leaves the range torn at any byte, not page
+// by page, so callers use it only for writes that their recovery accepts torn.
+type MappedWriter interface {
+	// WriteMapped writes b at off through the mapping; ok false means it did not (no
+	// writable mapping, or the range lies outside it), and the caller uses WriteAt.
+	WriteMapped(b []byte, off int64) (ok bool, err error)
+}
+
 // SerialWriter is implemented by providers whose concurrent writes run one at a time
 // anyway, so that a caller with several writes to make does better to issue them from
 // one thread: a second writer only waits, and may spin while it waits.
@@ -121,6 +131,8 @@ type File struct {
 	isBlock bool
 	atomic  int    // AtomicWriteUnit
 	mem     []byte // the whole file mapped for reading, or nil (mapped.go)
+	// memWritable: mem is mapped for writing too (WriteMapped).
+	memWritable bool
 }
 
 // Open opens path for reading, and for writing unless readOnly. It does not lock.
@@ -212,7 +224,7 @@ func (p *File) ReadAt(b []byte, off int64) (int, error) {
 	return p.f.ReadAt(b, off)
 }
 
-// WriteAt is pwrite, also where reads go through a mapping: see mapped.go for why.
+// WriteAt is pwrite, also where the file is mapped: see mapped.go for why.
 func (p *File) WriteAt(b []byte, off int64) (int, error) { return p.f.WriteAt(b, off) }
 
 // Sync uses fdatasync: eli never depends on file metadata other than the size, which
