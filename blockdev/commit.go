@@ -245,11 +245,12 @@ func (a *authEngine) patchRound(blocks []*mblock, jes []journalEntry, leaves []t
 	hashed := a.cache.hashed
 	bi := 0
 	touched := false
+	start := len(leaves)
 	for _, je := range jes {
 		g, j := a.geo.groupOf(je.index)
 		for blocks[bi].g != g {
 			if touched && hashed {
-				leaves = append(leaves, tree.Leaf{Index: blocks[bi].g, Digest: a.cache.digest(blocks[bi])})
+				leaves = append(leaves, tree.Leaf{Index: uint64(bi)})
 			}
 			bi++
 			touched = false
@@ -258,10 +259,24 @@ func (a *authEngine) patchRound(blocks []*mblock, jes []journalEntry, leaves []t
 		touched = true
 	}
 	if touched && hashed {
-		leaves = append(leaves, tree.Leaf{Index: blocks[bi].g, Digest: a.cache.digest(blocks[bi])})
+		leaves = append(leaves, tree.Leaf{Index: uint64(bi)})
 	}
+	// The digests, in parallel where there are many: a commit waits for them before it
+	// can write its journal, and clients waiting for a flush leave the other cores idle.
+	changed := leaves[start:]
+	a.workers.run(len(changed), digestChunk, func(lo, hi int) error {
+		for k := lo; k < hi; k++ {
+			blk := blocks[changed[k].Index]
+			changed[k] = tree.Leaf{Index: blk.g, Digest: a.cache.digest(blk)}
+		}
+		return nil
+	})
 	return leaves
 }
+
+// digestChunk is how many blocks' digests a worker takes at once: each costs about a
+// microsecond, handing work to another thread several on a VM.
+const digestChunk = 16
 
 // writeJournal seals entries into the journal, writes it and syncs.
 func (a *authEngine) writeJournal(entries []journalEntry) error {

@@ -183,10 +183,11 @@ func (c *metaCache) patch(b *mblock, j int, r *record) {
 	c.mu.Unlock()
 }
 
-// digest is the digest of a block the caller has pinned (hashed caches only).
+// digest is the digest of a block the caller has pinned (hashed caches only). It takes no
+// lock: only the committer patches blocks, and it calls digest after its patches, so the
+// block's bytes and dirty bits hold still meanwhile; readers only read them. Digests of
+// different blocks may be computed in parallel.
 func (c *metaCache) digest(b *mblock) tree.Digest {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	for w := range b.dirty {
 		for m := b.dirty[w]; m != 0; m &= m - 1 {
 			p := w*64 + bits.TrailingZeros64(m)
