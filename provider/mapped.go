@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -22,6 +23,14 @@ import (
 // are left to pread. (A hole punched between mincore and the copy gets a page of zeroes:
 // the same bytes, a page of memory spent.) The mapping costs no memory of its own beyond
 // page tables for the pages read through it: 2 MiB per GiB read, with 4 KiB pages.
+//
+// mincore is a system call, a good part of a random 4 KiB read's cost on a VM, so the
+// answer is remembered for whole regions of residentRegion bytes: a region found with
+// every page in memory is read without asking again, until Punch makes holes in it. A
+// region is probed whole now and then while reads of it find their own pages in memory
+// (1 in probeEvery), so that a sparse region, whose probe costs a page-cache lookup per
+// hole, is not probed on every read. Pages that tmpfs swaps out stay "resident" for this
+// purpose: a read faults them back in, and allocates nothing.
 //
 // Data writes stay pwrite. A copy into the mapping costs much less CPU than pwrite, but
 // a process killed in the middle of a memory copy leaves the range torn at any byte,
@@ -55,7 +64,73 @@ func (p *File) mapIfTmpfs() {
 	}
 	if mem, err := unix.Mmap(fd, 0, int(p.size), prot, unix.MAP_SHARED); err == nil {
 		p.mem, p.memWritable = mem, prot&unix.PROT_WRITE != 0
+		p.resident = make([]atomic.Uint64, (p.size+residentRegion*64-1)/(residentRegion*64))
 	}
+}
+
+const (
+	// residentRegion is the unit in which readMapped remembers that every page is in
+	// memory: 2 MiB, 64 KiB of bits per TiB mapped.
+	residentRegion = 2 << 20
+	// probeEvery: one read in probeEvery of a region not known to be resident probes the
+	// whole region.
+	probeEvery = 64
+)
+
+// isResident reports whether every region that [off, off+n) touches is known resident.
+func (p *File) isResident(off, n int64) bool {
+	for r := off / residentRegion; r <= (off+n-1)/residentRegion; r++ {
+		if p.resident[r/64].Load()&(1<<(r%64)) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// forgetResident clears the regions that [off, off+n) touches, before a punch.
+func (p *File) forgetResident(off, n int64) {
+	if p.mem == nil || n <= 0 {
+		return
+	}
+	p.punches.Add(1) // before the bits: see probeRegion
+	end := min(off+n, int64(len(p.mem)))
+	for r := off / residentRegion; r < (end+residentRegion-1)/residentRegion; r++ {
+		p.resident[r/64].And(^(uint64(1) << (r % 64)))
+	}
+}
+
+// probeRegion asks mincore whether every page of region r is in memory, and remembers it
+// if so.
+func (p *File) probeRegion(r int64) {
+	start := r * residentRegion
+	span := p.mem[start:min(start+residentRegion, int64(len(p.mem)))]
+	var vec [residentRegion / 4096]byte
+	pages := (int64(len(span)) + pageSize - 1) / pageSize
+	if pages > int64(len(vec)) {
+		return // pages smaller than 4 KiB: leave it to per-read checks
+	}
+	punches := p.punches.Load()
+	if !allInMemory(span, vec[:pages]) {
+		return
+	}
+	p.resident[r/64].Or(1 << (r % 64))
+	// A punch since the probe may have cleared the bit before it was set: take it back.
+	if p.punches.Load() != punches {
+		p.resident[r/64].And(^(uint64(1) << (r % 64)))
+	}
+}
+
+// allInMemory calls mincore on span (page-aligned), one byte of vec per page.
+func allInMemory(span, vec []byte) bool {
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&span[0])), uintptr(len(span)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		return false
+	}
+	for _, v := range vec {
+		if v&1 == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Mapped reports whether reads go through a mapping of the file.
@@ -67,7 +142,7 @@ func (p *File) unmap() error {
 		return nil
 	}
 	mem := p.mem
-	p.mem, p.memWritable = nil, false
+	p.mem, p.memWritable, p.resident = nil, false, nil
 	if err := unix.Munmap(mem); err != nil {
 		return fmt.Errorf("unmap %s: %w", p.path, err)
 	}
@@ -82,21 +157,21 @@ func (p *File) readMapped(b []byte, off int64) (n int, ok bool, err error) {
 	if p.mem == nil || len(b) == 0 || off < 0 || off > int64(len(p.mem))-int64(len(b)) {
 		return 0, false, nil
 	}
-	start := off &^ (pageSize - 1) // mincore wants it page-aligned
-	span := p.mem[start : off+int64(len(b))]
-	var small [64]byte // one byte per page: 256 KiB
-	vec := small[:]
-	if pages := (int64(len(span)) + pageSize - 1) / pageSize; pages <= int64(len(small)) {
-		vec = small[:pages]
-	} else {
-		vec = make([]byte, pages)
-	}
-	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&span[0])), uintptr(len(span)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
-		return 0, false, nil
-	}
-	for _, v := range vec {
-		if v&1 == 0 {
+	if !p.isResident(off, int64(len(b))) {
+		start := off &^ (pageSize - 1) // mincore wants it page-aligned
+		span := p.mem[start : off+int64(len(b))]
+		var small [64]byte // one byte per page: 256 KiB
+		vec := small[:]
+		if pages := (int64(len(span)) + pageSize - 1) / pageSize; pages <= int64(len(small)) {
+			vec = small[:pages]
+		} else {
+			vec = make([]byte, pages)
+		}
+		if !allInMemory(span, vec) {
 			return 0, false, nil
+		}
+		if p.probes.Add(1)%probeEvery == 0 {
+			p.probeRegion(off / residentRegion)
 		}
 	}
 	n, err = p.copyMapped(b, off)

@@ -284,3 +284,63 @@ func TestWriteMapped(t *testing.T) {
 	}
 	write([]byte("still"), 100)
 }
+
+// TestMappedResidentRegions: reads of a region whose pages are all in memory come to skip
+// mincore (the region is remembered as resident), a region with a hole never does, and
+// a punch forgets the regions it touches, so that reading the new hole afterwards still
+// allocates nothing.
+func TestMappedResidentRegions(t *testing.T) {
+	t.Parallel()
+	const size = 3 * residentRegion
+	path := shmFile(t, size)
+	p := openMapped(t, path)
+	full := bytes.Repeat([]byte{0x77}, residentRegion)
+	if _, err := p.WriteAt(full, 0); err != nil { // region 0: all written
+		t.Fatal(err)
+	}
+	if _, err := p.WriteAt(full[:residentRegion/2], residentRegion); err != nil { // region 1: half
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	readMany := func(region int64) {
+		t.Helper()
+		for i := range 4 * probeEvery {
+			off := region*residentRegion + int64(i%256)*4096
+			if _, err := p.ReadAt(buf, off); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	readMany(0)
+	readMany(1)
+	if !p.isResident(0, residentRegion) {
+		t.Fatal("a region written whole and read often is not known resident")
+	}
+	if p.isResident(residentRegion, 1) {
+		t.Fatal("a region with a hole is known resident")
+	}
+	if p.isResident(residentRegion-1, 2) {
+		t.Fatal("a range across a resident region and one with a hole counts as resident")
+	}
+	if err := p.Punch(4096, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if p.isResident(0, 1) {
+		t.Fatal("a region still known resident after a punch in it")
+	}
+	for range 4 * probeEvery {
+		if _, err := p.ReadAt(buf, 8192); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, make([]byte, 4096)) {
+			t.Fatal("a punched page does not read as zeroes")
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(residentRegion + residentRegion/2 - 64<<10); st.Blocks*512 > want {
+		t.Fatalf("%d bytes allocated, want at most %d: reading the punched hole allocated it", st.Blocks*512, want)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -133,6 +134,9 @@ type File struct {
 	mem     []byte // the whole file mapped for reading, or nil (mapped.go)
 	// memWritable: mem is mapped for writing too (WriteMapped).
 	memWritable bool
+	resident    []atomic.Uint64 // a bit per residentRegion of mem known in memory (mapped.go)
+	probes      atomic.Uint64   // reads that asked mincore, to probe whole regions now and then
+	punches     atomic.Uint64   // punches begun, so that a probe does not outlive one
 }
 
 // Open opens path for reading, and for writing unless readOnly. It does not lock.
@@ -248,6 +252,7 @@ func (p *File) Punch(off, length int64) error {
 		return nil
 	}
 	fd := int(p.f.Fd())
+	p.forgetResident(off, length)
 	if p.isBlock {
 		r := [2]uint64{uint64(off), uint64(length)}
 		if err := ioctlPtr(fd, unix.BLKZEROOUT, &r); err != nil {
