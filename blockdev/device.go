@@ -144,13 +144,13 @@ type core struct {
 	// mapped writes the journal, metadata blocks and tree nodes where the provider can
 	// without a system call (writeTearable); nil if it cannot.
 	mapped provider.MappedWriter
-	l       Layout
-	geo     geometry // l's numbers, for the per-sector paths
-	codec   sector.Codec
-	ro      bool
-	log     *slog.Logger
-	s       int   // sector size
-	size    int64 // bytes exposed
+	l      Layout
+	geo    geometry // l's numbers, for the per-sector paths
+	codec  sector.Codec
+	ro     bool
+	log    *slog.Logger
+	s      int   // sector size
+	size   int64 // bytes exposed
 
 	pieceSectors int // sectors per slab and per step of a large request
 	chunkSectors int // sectors per parallel chunk
