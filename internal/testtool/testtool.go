@@ -30,7 +30,7 @@ func Need(t testing.TB, program, pkg string) string {
 // NeedPythonNBD stops the test unless Python can import the libnbd bindings.
 func NeedPythonNBD(t testing.TB) string {
 	t.Helper()
-	if err := exec.Command(Python, "-c", "import nbd").Run(); err != nil {
+	if err := exec.Command(Python, "-I", "-c", "import nbd; nbd.NBD").Run(); err != nil {
 		Missing(t, "python3-libnbd for "+Python)
 	}
 	return Python
