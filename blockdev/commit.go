@@ -380,10 +380,24 @@ func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) erro
 	return a.timedSync()
 }
 
+// writeBlock writes a metadata block in place. Copied into a mapping, only the bytes
+// patched since its last write go: a lone random write changes one record of a block,
+// and the provider already holds the rest (a torn copy tears only records that the
+// journal names, or bytes that it rewrites with their own value).
 func (a *authEngine) writeBlock(blk *mblock) error {
-	if err := a.writeTearable(blk.data, a.geo.blockPos(blk.g)); err != nil {
+	pos := a.geo.blockPos(blk.g)
+	lo, hi := blk.wlo, blk.whi
+	done, err := false, error(nil)
+	if a.mapped != nil && hi > lo {
+		done, err = a.mapped.WriteMapped(blk.data[lo:hi], pos+int64(lo))
+	}
+	if !done {
+		err = a.writeTearable(blk.data, pos)
+	}
+	if err != nil {
 		return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
 	}
+	blk.wlo, blk.whi = 0, 0
 	return nil
 }
 

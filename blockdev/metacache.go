@@ -46,6 +46,9 @@ type mblock struct {
 	prev, next *mblock
 	h          tree.Hasher // piece digests (hashed caches only)
 	dirty      [2]uint64   // pieces patched since h last saw them (a block has at most 128)
+	// [wlo, whi) holds every byte patched since the block was last written in place
+	// (empty: none); outside it the provider holds the block's bytes as they are here.
+	wlo, whi int
 }
 
 func newMetaCache(blockSize int, maxBytes int64, load func(g uint64, buf []byte) error) *metaCache {
@@ -183,6 +186,11 @@ func (c *metaCache) patch(b *mblock, j int, r *record) {
 	c.mu.Lock()
 	off := j * layout.RecordSize
 	copy(b.data[off:], r[:])
+	if b.whi == 0 {
+		b.wlo, b.whi = off, off+layout.RecordSize
+	} else {
+		b.wlo, b.whi = min(b.wlo, off), max(b.whi, off+layout.RecordSize)
+	}
 	if c.hashed {
 		// Rehashed once per round by digest, not once per record: a sequential write
 		// patches every record of a block.
