@@ -12,7 +12,8 @@
 #
 # The direct export and eli's provider are two files served by one nbdkit. Runs
 # alternate direct and eli, REPEAT times per delay, and report every figure, the
-# medians, and the median of the eli/direct ratios of back-to-back runs. Usage: bench/remote.sh [DELAY...] (default: 1ms 5ms).
+# medians, and the median of the eli/direct ratios of back-to-back runs. Sequential runs
+# also give the CPU seconds of nbdcopy, nbdkit and eli's server (user + system). Usage: bench/remote.sh [DELAY...] (default: 1ms 5ms).
 # Environment: SIZE (default 256M), RUNTIME (10), REPEAT (3), MODE (eli's cipher mode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,13 +57,20 @@ start_nbdkit() { # delay
 }
 
 now() { date +%s.%N; }
-# seqwrite URI -> MB/s
+hz=$(getconf CLK_TCK)
+ticks() { [ -z "$1" ] && echo 0 || awk '{print $14 + $15}' "/proc/$1/stat"; }
+# seqwrite URI [ELIPID] -> MB/s, and the CPU seconds that nbdcopy, nbdkit and eli's server
+# spent on the copy: on a machine whose cores the storage server, eli and the client
+# share, CPU per byte decides how close eli can come to the direct copy.
 seqwrite() {
-	local t0 t1
+	local t0 t1 k0 k1 e0 e1 cpu
+	k0=$(ticks "$nbdkit_pid") e0=$(ticks "${2:-}")
 	t0=$(now)
-	nbdcopy --flush "$work/src" "$1"
+	/usr/bin/time -f "%U %S" -o "$work/time" nbdcopy --flush "$work/src" "$1"
 	t1=$(now)
-	python3 -c "print(f'{$bytes/($t1-$t0)/1e6:.0f}')"
+	k1=$(ticks "$nbdkit_pid") e1=$(ticks "${2:-}")
+	cpu=$(awk '{print $1 + $2}' "$work/time")
+	python3 -c "print(f'{$bytes/($t1-$t0)/1e6:.0f} cpu {$cpu:.2f}+{($k1-$k0)/$hz:.2f}+{($e1-$e0)/$hz:.2f}')"
 }
 # randwrite URI -> IOPS
 randwrite() {
@@ -80,13 +88,16 @@ for d in "${delays[@]}"; do
 	$eli init --passphrase-file "$work/pass" --kdf-time 1 --kdf-memory 8 --cipher "$mode" \
 		$( [ "$mode" = none ] && echo --unsafe ) "$remote" >/dev/null
 	via=$($eli attach --passphrase-file "$work/pass" --name bench "$remote" | tail -1)
-	ds=() es=() dr=() er=()
+	eli_pid=$(pgrep -n -f "eli-bench-bin __serve")
+	ds=() es=() dr=() er=() dc=() ec=()
 	for i in $(seq "$repeat"); do
-		ds+=("$(seqwrite "$direct")")
-		es+=("$(seqwrite "$via")")
+		read -r x _ c <<<"$(seqwrite "$direct")"
+		ds+=("$x") dc+=("$c")
+		read -r x _ c <<<"$(seqwrite "$via" "$eli_pid")"
+		es+=("$x") ec+=("$c")
 		dr+=("$(randwrite "$direct")")
 		er+=("$(randwrite "$via")")
-		echo "delay $d run $i: seq MB/s direct ${ds[-1]} eli ${es[-1]}; randwrite IOPS direct ${dr[-1]} eli ${er[-1]}"
+		echo "delay $d run $i: seq MB/s direct ${ds[-1]} eli ${es[-1]}; randwrite IOPS direct ${dr[-1]} eli ${er[-1]}; seq CPU s nbdcopy+nbdkit+eli direct ${dc[-1]} eli ${ec[-1]}"
 	done
 	$eli detach bench >/dev/null
 	kill "$nbdkit_pid"; wait "$nbdkit_pid" 2>/dev/null || true; nbdkit_pid=
