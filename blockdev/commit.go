@@ -386,9 +386,9 @@ func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) erro
 // journal names, or bytes that it rewrites with their own value).
 func (a *authEngine) writeBlock(blk *mblock) error {
 	pos := a.geo.blockPos(blk.g)
-	lo, hi := blk.wlo, blk.whi
-	done, err := false, error(nil)
-	if a.mapped != nil && hi > lo {
+	var done bool
+	var err error
+	if lo, hi := blk.wlo, blk.whi; a.mapped != nil && hi > lo {
 		done, err = a.mapped.WriteMapped(blk.data[lo:hi], pos+int64(lo))
 	}
 	if !done {

@@ -66,14 +66,17 @@ func (e *plainEngine) seal(buf []byte, first uint64, n int) {
 }
 
 func (e *plainEngine) writeAt(p []byte, off int64, flags Flags) error {
-	bp := e.getBuf()
-	defer e.putBuf(bp)
+	// Mode none's ciphertext is the plaintext: the caller's buffer goes to the provider
+	// as it is, without a copy (about an eighth of mode none's CPU per byte written;
+	// docs/benchmarks.md).
 	none := e.codec.Mode() == sector.ModeNone
+	var bp *[]byte
+	if !none {
+		bp = e.getBuf()
+		defer e.putBuf(bp)
+	}
 	err := e.forSectors(p, off, func(p []byte, first uint64, n int) error {
 		if none {
-			// Mode none's ciphertext is the plaintext: the caller's buffer goes to the
-			// provider as it is, without a copy (a tenth of mode none's CPU per byte
-			// written; docs/benchmarks.md).
 			return e.writeSealed(p, first, n)
 		}
 		buf := (*bp)[:len(p)]
