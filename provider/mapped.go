@@ -40,6 +40,10 @@ import (
 // blockdev's journal, metadata blocks and tree nodes, which the journal or its seal
 // accounts for (docs/format.md, "Journal"). Such a write into a hole allocates its page
 // as pwrite would; where tmpfs is full that is a fault, an error like pwrite's ENOSPC.
+// The writes go through a second, writable mapping of the file. Reads keep to a read-only
+// one: the kernel maps the pages around a read fault in a read-only shared mapping of
+// tmpfs in one go, and not in a writable one, where a server's first read of 1 GiB cost
+// twice the CPU (docs/benchmarks.md, "Measurements behind design choices").
 // On file systems backed by a disk nothing is mapped: pread costs much less there than
 // on tmpfs, a mapping would only add page tables, and a write through it would reach
 // the disk only by msync.
@@ -49,7 +53,7 @@ import (
 // pread would return EIO or a short read.
 
 // mapIfTmpfs maps the file if it is a non-empty regular file on tmpfs: for reading, and
-// for writing too if the file is open for writing. Where that does not apply, or mapping
+// a second time for writing if the file is open for writing. Where that does not apply, or mapping
 // fails, the file keeps to pread and pwrite: the mapping is only ever a faster way to the
 // same bytes.
 func (p *File) mapIfTmpfs() {
@@ -58,13 +62,16 @@ func (p *File) mapIfTmpfs() {
 	if p.isBlock || p.size <= 0 || int64(int(p.size)) != p.size || unix.Fstatfs(fd, &st) != nil || st.Type != unix.TMPFS_MAGIC {
 		return
 	}
-	prot := unix.PROT_READ
-	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil && fl&unix.O_ACCMODE == unix.O_RDWR {
-		prot |= unix.PROT_WRITE
+	mem, err := unix.Mmap(fd, 0, int(p.size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return
 	}
-	if mem, err := unix.Mmap(fd, 0, int(p.size), prot, unix.MAP_SHARED); err == nil {
-		p.mem, p.memWritable = mem, prot&unix.PROT_WRITE != 0
-		p.resident = make([]atomic.Uint64, (p.size+residentRegion*64-1)/(residentRegion*64))
+	p.mem = mem
+	p.resident = make([]atomic.Uint64, (p.size+residentRegion*64-1)/(residentRegion*64))
+	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil && fl&unix.O_ACCMODE == unix.O_RDWR {
+		if wmem, err := unix.Mmap(fd, 0, int(p.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+			p.wmem = wmem
+		}
 	}
 }
 
@@ -141,9 +148,15 @@ func (p *File) unmap() error {
 	if p.mem == nil {
 		return nil
 	}
-	mem := p.mem
-	p.mem, p.memWritable, p.resident = nil, false, nil
-	if err := unix.Munmap(mem); err != nil {
+	mem, wmem := p.mem, p.wmem
+	p.mem, p.wmem, p.resident = nil, nil, nil
+	err := unix.Munmap(mem)
+	if wmem != nil {
+		if werr := unix.Munmap(wmem); err == nil {
+			err = werr
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("unmap %s: %w", p.path, err)
 	}
 	return nil
@@ -189,10 +202,10 @@ func (p *File) copyMapped(b []byte, off int64) (n int, err error) {
 // WriteAt. A process killed during the copy leaves the range torn at any byte (see
 // above): only for writes that recovery accepts torn.
 func (p *File) WriteMapped(b []byte, off int64) (ok bool, err error) {
-	if !p.memWritable || off < 0 || off > int64(len(p.mem))-int64(len(b)) {
+	if p.wmem == nil || off < 0 || off > int64(len(p.wmem))-int64(len(b)) {
 		return false, nil
 	}
-	n, err := p.guardFault("write", off, func() int { return copy(p.mem[off:], b) })
+	n, err := p.guardFault("write", off, func() int { return copy(p.wmem[off:], b) })
 	if err == nil && n != len(b) {
 		err = fmt.Errorf("write %s at offset %d: short copy into the mapping", p.path, off)
 	}
@@ -217,8 +230,11 @@ func (p *File) guardFault(op string, off int64, copyFn func() int) (n int, err e
 	return copyFn(), nil
 }
 
-// inMapping reports whether addr lies in the mapping.
+// inMapping reports whether addr lies in one of the mappings.
 func (p *File) inMapping(addr uintptr) bool {
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(p.mem)))
-	return addr >= base && addr-base < uintptr(len(p.mem))
+	in := func(m []byte) bool {
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(m)))
+		return m != nil && addr >= base && addr-base < uintptr(len(m))
+	}
+	return in(p.mem) || in(p.wmem)
 }

@@ -132,11 +132,11 @@ type File struct {
 	isBlock bool
 	atomic  int    // AtomicWriteUnit
 	mem     []byte // the whole file mapped for reading, or nil (mapped.go)
-	// memWritable: mem is mapped for writing too (WriteMapped).
-	memWritable bool
-	resident    []atomic.Uint64 // a bit per residentRegion of mem known in memory (mapped.go)
-	probes      atomic.Uint64   // reads that asked mincore, to probe whole regions now and then
-	punches     atomic.Uint64   // punches begun, so that a probe does not outlive one
+	// wmem: the whole file mapped again, for writing (WriteMapped), or nil.
+	wmem     []byte
+	resident []atomic.Uint64 // a bit per residentRegion of mem known in memory (mapped.go)
+	probes   atomic.Uint64   // reads that asked mincore, to probe whole regions now and then
+	punches  atomic.Uint64   // punches begun, so that a probe does not outlive one
 }
 
 // Open opens path for reading, and for writing unless readOnly. It does not lock.
