@@ -41,9 +41,10 @@ import (
 // accounts for (docs/format.md, "Journal"). Such a write into a hole allocates its page
 // as pwrite would; where tmpfs is full that is a fault, an error like pwrite's ENOSPC.
 // The writes go through a second, writable mapping of the file. Reads keep to a read-only
-// one: the kernel maps the pages around a read fault in a read-only shared mapping of
-// tmpfs in one go, and not in a writable one, where a server's first read of 1 GiB cost
-// twice the CPU (docs/benchmarks.md, "Measurements behind design choices").
+// one: first reads of pages through a writable shared mapping cost about three times the
+// CPU of reads through a read-only one (measured on a VM; why, we did not pin down), and
+// a server's first read of 1 GiB twice as much in all (docs/benchmarks.md, "Measurements
+// behind design choices").
 // On file systems backed by a disk nothing is mapped: pread costs much less there than
 // on tmpfs, a mapping would only add page tables, and a write through it would reach
 // the disk only by msync.
