@@ -13,7 +13,8 @@
 # The direct export and eli's provider are two files served by one nbdkit. Runs
 # alternate direct and eli, REPEAT times per delay, and report every figure, the
 # medians, and the median of the eli/direct ratios of back-to-back runs. Sequential runs
-# also give the CPU seconds of nbdcopy, nbdkit and eli's server (user + system). Usage: bench/remote.sh [DELAY...] (default: 1ms 5ms).
+# also give the CPU seconds of nbdcopy, nbdkit and eli's server (user + system).
+# Usage: bench/remote.sh [DELAY...] (default: 1ms 5ms).
 # Environment: SIZE (default 256M), RUNTIME (10), REPEAT (3), MODE (eli's cipher mode).
 set -euo pipefail
 cd "$(dirname "$0")/.."

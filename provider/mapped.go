@@ -40,11 +40,13 @@ import (
 // blockdev's journal, metadata blocks and tree nodes, which the journal or its seal
 // accounts for (docs/format.md, "Journal"). Such a write into a hole allocates its page
 // as pwrite would; where tmpfs is full that is a fault, an error like pwrite's ENOSPC.
-// The writes go through a second, writable mapping of the file. Reads keep to a read-only
-// one: first reads of pages through a writable shared mapping cost about three times the
-// CPU of reads through a read-only one (measured on a VM; why, we did not pin down), and
-// a server's first read of 1 GiB twice as much in all (docs/benchmarks.md, "Measurements
-// behind design choices").
+//
+// Those writes go through a second, writable mapping of the file, and reads keep to the
+// read-only one: first reads of pages through a writable shared mapping cost about three
+// times the CPU of reads through a read-only one (measured on a VM; why, we did not pin
+// down), and a server's first read of 1 GiB twice as much in all (docs/benchmarks.md,
+// "Measurements behind design choices").
+//
 // On file systems backed by a disk nothing is mapped: pread costs much less there than
 // on tmpfs, a mapping would only add page tables, and a write through it would reach
 // the disk only by msync.
@@ -53,10 +55,10 @@ import (
 // SetPanicOnFault it becomes a panic that ReadAt turns into an error for that read, as
 // pread would return EIO or a short read.
 
-// mapIfTmpfs maps the file if it is a non-empty regular file on tmpfs: for reading, and
-// a second time for writing if the file is open for writing. Where that does not apply, or mapping
-// fails, the file keeps to pread and pwrite: the mapping is only ever a faster way to the
-// same bytes.
+// mapIfTmpfs maps the file if it is a non-empty regular file on tmpfs: for reading, and a
+// second time for writing if the file is open for writing. Where that does not apply, or
+// mapping fails, the file keeps to pread and pwrite: the mapping is only ever a faster
+// way to the same bytes.
 func (p *File) mapIfTmpfs() {
 	var st unix.Statfs_t
 	fd := int(p.f.Fd())
