@@ -10,10 +10,16 @@
 #                     (end_fsync), so that eli's pending batch is committed within the
 #                     run rather than charged to the next one
 #
-# The direct export and eli's provider are two files served by one nbdkit. Runs
-# alternate direct and eli, REPEAT times per delay, and report every figure, the
-# medians, and the median of the eli/direct ratios of back-to-back runs. Sequential runs
-# also give the CPU seconds of nbdcopy, nbdkit and eli's server (user + system).
+# Beside them, the sequential copy also goes through three relays that stand where eli
+# stands (a unix socket in front, the export behind) and do no cryptography: nbdkit's nbd
+# plugin, qemu-nbd with the export as its image, and eli in mode none. They say what
+# relaying alone costs on this machine, whatever the relay does with the bytes.
+#
+# Every relay's provider is a file of its own, served by the one nbdkit. Runs alternate
+# direct, the relays and eli, REPEAT times per delay, and report every figure, the
+# medians, and the median of the ratios to the direct run of the same round (which the
+# machine's changing load affects less than the ratio of medians). Sequential runs also
+# give the CPU seconds of nbdcopy, nbdkit and the relay (user + system).
 # Usage: bench/remote.sh [DELAY...] (default: 1ms 5ms).
 # Environment: SIZE (default 256M), RUNTIME (10), REPEAT (3), MODE (eli's cipher mode).
 set -euo pipefail
@@ -28,10 +34,11 @@ mode=${MODE:-xchacha20-poly1305}
 work=$(mktemp -d /dev/shm/eli-remote-bench.XXXXXX)
 export ELI_STATE_DIR=$work/state
 mkdir -m 700 "$ELI_STATE_DIR"
-nbdkit_pid=
+nbdkit_pid= relay_pids=()
 cleanup() {
-	[ -n "$nbdkit_pid" ] && kill "$nbdkit_pid" 2>/dev/null || true
+	[ -n "$nbdkit_pid" ] && kill "$nbdkit_pid" "${relay_pids[@]}" 2>/dev/null || true
 	./eli-bench-bin detach --force bench >/dev/null 2>&1 || true
+	./eli-bench-bin detach --force bench-none >/dev/null 2>&1 || true
 	rm -rf "$work" ./eli-bench-bin
 }
 trap cleanup EXIT
@@ -42,13 +49,12 @@ head -c "$size" /dev/urandom >"$work/src" 2>/dev/null || true
 bytes=$(stat -c %s "$work/src")
 
 port=$((20000 + RANDOM % 20000))
-# One nbdkit serves two files of the same size (the file plugin's dir=: the export name
-# is the file's name): direct.img for the direct runs, eli.img for eli's volume, so that
-# the direct runs do not overwrite the volume eli is serving.
+# One nbdkit serves a file for each (the file plugin's dir=: the export name is the
+# file's name), so that no run overwrites the volume another relay is serving.
 start_nbdkit() { # delay
 	rm -rf "$work/exports"
 	mkdir "$work/exports"
-	truncate -s 1G "$work/exports/direct.img" "$work/exports/eli.img"
+	(cd "$work/exports" && truncate -s 1G direct.img eli.img none.img nbdkit.img qemu.img)
 	nbdkit -f -i 127.0.0.1 -p "$port" --filter=delay file dir="$work/exports" \
 		delay-read="$1" delay-write="$1" delay-zero="$1" delay-trim="$1" &
 	nbdkit_pid=$!
@@ -60,9 +66,9 @@ start_nbdkit() { # delay
 now() { date +%s.%N; }
 hz=$(getconf CLK_TCK)
 ticks() { [ -z "$1" ] && echo 0 || awk '{print $14 + $15}' "/proc/$1/stat"; }
-# seqwrite URI [ELIPID] -> MB/s, and the CPU seconds that nbdcopy, nbdkit and eli's server
+# seqwrite URI [RELAYPID] -> MB/s, and the CPU seconds that nbdcopy, nbdkit and the relay
 # spent on the copy: on a machine whose cores the storage server, eli and the client
-# share, CPU per byte decides how close eli can come to the direct copy.
+# share, CPU per byte decides how close a relay can come to the direct copy.
 seqwrite() {
 	local t0 t1 k0 k1 e0 e1 cpu
 	k0=$(ticks "$nbdkit_pid") e0=$(ticks "${2:-}")
@@ -84,31 +90,56 @@ median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1
 echo "# $(date -u +%FT%TZ) $(nproc) CPUs, $(uptime | sed 's/.*load/load/'); eli mode $mode; $size sequential, ${runtime}s random"
 for d in "${delays[@]}"; do
 	start_nbdkit "$d"
-	direct="nbd://127.0.0.1:$port/direct.img"
-	remote="nbd://127.0.0.1:$port/eli.img"
+	export_="nbd://127.0.0.1:$port"
+	direct="$export_/direct.img"
+	remote="$export_/eli.img"
 	$eli init --passphrase-file "$work/pass" --kdf-time 1 --kdf-memory 8 --cipher "$mode" \
 		$( [ "$mode" = none ] && echo --unsafe ) "$remote" >/dev/null
 	via=$($eli attach --passphrase-file "$work/pass" --name bench "$remote" | tail -1)
 	eli_pid=$(pgrep -n -f "eli-bench-bin __serve")
-	ds=() es=() dr=() er=() dc=() ec=()
+	# The relays without cryptography.
+	$eli init --passphrase-file "$work/pass" --kdf-time 1 --kdf-memory 8 --cipher none --unsafe \
+		"$export_/none.img" >/dev/null 2>&1
+	via_none=$($eli attach --passphrase-file "$work/pass" --name bench-none "$export_/none.img" 2>/dev/null | tail -1)
+	none_pid=$(pgrep -n -f "eli-bench-bin __serve")
+	nbdkit -f -U "$work/nbdkit.sock" nbd uri="$export_/nbdkit.img" &
+	relay_pids=($!)
+	qemu-nbd --persistent -k "$work/qemu.sock" -f raw "$export_/qemu.img" &
+	relay_pids+=($!)
+	for s in nbdkit qemu; do
+		for _ in $(seq 100); do nbdinfo --size "nbd+unix:///?socket=$work/$s.sock" >/dev/null 2>&1 && break; sleep 0.1; done
+	done
+	ds=() es=() dr=() er=() ks=() qs=() ns=()
 	for i in $(seq "$repeat"); do
-		read -r x _ c <<<"$(seqwrite "$direct")"
-		ds+=("$x") dc+=("$c")
-		read -r x _ c <<<"$(seqwrite "$via" "$eli_pid")"
-		es+=("$x") ec+=("$c")
+		read -r x _ dc <<<"$(seqwrite "$direct")"
+		ds+=("$x")
+		read -r x _ kc <<<"$(seqwrite "nbd+unix:///?socket=$work/nbdkit.sock" "${relay_pids[0]}")"
+		ks+=("$x")
+		read -r x _ qc <<<"$(seqwrite "nbd+unix:///?socket=$work/qemu.sock" "${relay_pids[1]}")"
+		qs+=("$x")
+		read -r x _ nc <<<"$(seqwrite "$via_none" "$none_pid")"
+		ns+=("$x")
+		read -r x _ ec <<<"$(seqwrite "$via" "$eli_pid")"
+		es+=("$x")
 		dr+=("$(randwrite "$direct")")
 		er+=("$(randwrite "$via")")
-		echo "delay $d run $i: seq MB/s direct ${ds[-1]} eli ${es[-1]}; randwrite IOPS direct ${dr[-1]} eli ${er[-1]}; seq CPU s nbdcopy+nbdkit+eli direct ${dc[-1]} eli ${ec[-1]}"
+		echo "delay $d run $i: seq MB/s direct ${ds[-1]} nbdkit-nbd ${ks[-1]} qemu-nbd ${qs[-1]} eli-none ${ns[-1]} eli ${es[-1]}; randwrite IOPS direct ${dr[-1]} eli ${er[-1]}"
+		echo "    seq CPU s nbdcopy+nbdkit+relay: direct $dc nbdkit-nbd $kc qemu-nbd $qc eli-none $nc eli $ec"
 	done
 	$eli detach bench >/dev/null
-	kill "$nbdkit_pid"; wait "$nbdkit_pid" 2>/dev/null || true; nbdkit_pid=
-	# Medians of each column, and the median of the ratios of runs made back to back
-	# (which the machine's changing load affects less than the ratio of medians).
-	python3 - "$d" "${ds[*]}" "${es[*]}" "${dr[*]}" "${er[*]}" <<'PY'
+	$eli detach bench-none >/dev/null
+	kill "$nbdkit_pid" "${relay_pids[@]}"
+	wait "$nbdkit_pid" "${relay_pids[@]}" 2>/dev/null || true
+	nbdkit_pid= relay_pids=()
+	rm -f "$work/nbdkit.sock" "$work/qemu.sock"
+	# Medians of each column, and the median of the ratios to the direct run of the same
+	# round: a row of the throughput table, and one of the relays' sequential ratios.
+	python3 - "$d" "${ds[*]}" "${es[*]}" "${dr[*]}" "${er[*]}" "${ks[*]}" "${qs[*]}" "${ns[*]}" <<'PY'
 import statistics as st, sys
 d = sys.argv[1]
-ds, es, dr, er = ([float(x) for x in a.split()] for a in sys.argv[2:6])
+ds, es, dr, er, ks, qs, ns = ([float(x) for x in a.split()] for a in sys.argv[2:9])
 r = lambda a, b: st.median(y / x for x, y in zip(a, b))
 print(f"| {d} | {st.median(ds):.0f} | {st.median(es):.0f} | {r(ds, es):.2f} | {st.median(dr):.0f} | {st.median(er):.0f} | {r(dr, er):.2f} |")
+print(f"relays: | {d} | {r(ds, ks):.2f} | {r(ds, qs):.2f} | {r(ds, ns):.2f} | {r(ds, es):.2f} |")
 PY
 done
