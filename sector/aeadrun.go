@@ -60,11 +60,16 @@ func (e *RunAuthError) Error() string {
 func (e *RunAuthError) Unwrap() error { return ErrAuth }
 
 // aeadChunk is how many sectors one XAEADKeys call takes: one pass of 16 lanes.
-// A chunk of one sector (a lone 4 KiB random write, a read-modify-write edge) goes to
-// x/crypto instead: its fused kernel gets block 0 almost free, where the lanes would
-// spend a whole pass on it (measured, one core: 512-byte seal 525 against 787 ns, 4 KiB
-// seal and open 3.25 against 3.73 µs).
 const aeadChunk = 16
+
+// loneFastSize is the least sector size at which a chunk of one sector (a lone random
+// write or read, a read-modify-write edge) goes through the lanes too. Below it, x/crypto
+// is quicker: its fused kernel gets block 0 almost free, where the lanes spend a whole
+// pass deriving one sector's keys, and a small sector has few blocks to win that back.
+// Measured on one core of the AMD EPYC of docs/benchmarks.md: 512-byte seal 0.85 µs
+// through the lanes against 0.62 for x/crypto, 1 KiB about even (0.95 against 0.85),
+// 4 KiB seal 1.35 against 2.2 and open 1.25 against 2.25.
+const loneFastSize = 2048
 
 func (c *aeadCodec) checkMeta(dst, src, meta []byte) (int, error) {
 	if err := checkRun(ModeXChaCha20Poly1305, c.size, dst, src); err != nil {
@@ -96,7 +101,7 @@ func (c *aeadCodec) SealRunMeta(first uint64, dst, src, meta []byte) {
 			copy(meta[(i+j)*aeadMetaSize:], nonces[j*aeadNonceSize:(j+1)*aeadNonceSize])
 		}
 		d, p := dst[i*size:(i+k)*size], src[i*size:(i+k)*size]
-		if !c.fast || k == 1 {
+		if !c.fast || (k == 1 && size < loneFastSize) {
 			for j := range k {
 				c.sealXCrypto(s, first+uint64(i+j), d[j*size:(j+1)*size], p[j*size:(j+1)*size], meta[(i+j)*aeadMetaSize:(i+j+1)*aeadMetaSize])
 			}
@@ -126,7 +131,7 @@ func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
 	for i := 0; i < n; i += aeadChunk {
 		k := min(aeadChunk, n-i)
 		d, p := dst[i*size:(i+k)*size], src[i*size:(i+k)*size]
-		if !c.fast || k == 1 {
+		if !c.fast || (k == 1 && size < loneFastSize) {
 			for j := range k {
 				if !c.openXCrypto(s, first+uint64(i+j), d[j*size:(j+1)*size], p[j*size:(j+1)*size], meta[(i+j)*aeadMetaSize:(i+j+1)*aeadMetaSize]) {
 					clear(d[j*size : (j+1)*size])

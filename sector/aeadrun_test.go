@@ -99,58 +99,62 @@ func TestSealRunMetaMatchesXCrypto(t *testing.T) {
 // are in the chain, and that every other sector still opens.
 func TestOpenRunMetaNamesEachBadSector(t *testing.T) {
 	t.Parallel()
-	const size, n = 512, 37
 	r := rand.New(rand.NewPCG(3, 4))
-	for name, c := range aeadPaths(t, size) {
-		for round := range 20 {
-			plain := randBytes(n * size)
-			buf := bytes.Clone(plain)
-			meta := make([]byte, n*aeadMetaSize)
-			c.SealRunMeta(100, buf, buf, meta)
-			var bad []uint64
-			for k := range n {
-				if r.IntN(4) != 0 {
+	// Runs whose last chunk is one sector, and one that is not, of sizes either side of
+	// loneFastSize: a lone sector takes either path.
+	for _, sn := range [][2]int{{512, 37}, {512, 17}, {512, 1}, {4096, 17}, {4096, 1}} {
+		size, n := sn[0], sn[1]
+		for name, c := range aeadPaths(t, size) {
+			for round := range 20 {
+				plain := randBytes(n * size)
+				buf := bytes.Clone(plain)
+				meta := make([]byte, n*aeadMetaSize)
+				c.SealRunMeta(100, buf, buf, meta)
+				var bad []uint64
+				for k := range n {
+					if r.IntN(4) != 0 {
+						continue
+					}
+					bad = append(bad, 100+uint64(k))
+					switch r.IntN(3) {
+					case 0: // ciphertext
+						buf[k*size+r.IntN(size)] ^= 1 << r.IntN(8)
+					case 1: // nonce
+						meta[k*aeadMetaSize+r.IntN(aeadNonceSize)] ^= 1 << r.IntN(8)
+					default: // tag
+						meta[k*aeadMetaSize+aeadNonceSize+r.IntN(aeadTagSize)] ^= 1 << r.IntN(8)
+					}
+				}
+				out := make([]byte, len(buf))
+				for i := range out {
+					out[i] = 0xa5
+				}
+				if round%2 == 1 {
+					out = buf
+				}
+				err := c.OpenRunMeta(100, out, buf, meta)
+				if len(bad) == 0 {
+					if err != nil {
+						t.Fatalf("%s: nothing damaged, got %v", name, err)
+					}
 					continue
 				}
-				bad = append(bad, 100+uint64(k))
-				switch r.IntN(3) {
-				case 0: // ciphertext
-					buf[k*size+r.IntN(size)] ^= 1 << r.IntN(8)
-				case 1: // nonce
-					meta[k*aeadMetaSize+r.IntN(aeadNonceSize)] ^= 1 << r.IntN(8)
-				default: // tag
-					meta[k*aeadMetaSize+aeadNonceSize+r.IntN(aeadTagSize)] ^= 1 << r.IntN(8)
+				var re *RunAuthError
+				if !errors.As(err, &re) || !slices.Equal(re.Sectors, bad) {
+					t.Fatalf("%s: damaged %v, error %v", name, bad, err)
 				}
-			}
-			out := make([]byte, len(buf))
-			for i := range out {
-				out[i] = 0xa5
-			}
-			if round%2 == 1 {
-				out = buf
-			}
-			err := c.OpenRunMeta(100, out, buf, meta)
-			if len(bad) == 0 {
-				if err != nil {
-					t.Fatalf("%s: nothing damaged, got %v", name, err)
+				if !errors.Is(err, ErrAuth) || !errors.Is(err, syscall.EIO) {
+					t.Fatalf("%s: %v does not wrap ErrAuth and EIO", name, err)
 				}
-				continue
-			}
-			var re *RunAuthError
-			if !errors.As(err, &re) || !slices.Equal(re.Sectors, bad) {
-				t.Fatalf("%s: damaged %v, error %v", name, bad, err)
-			}
-			if !errors.Is(err, ErrAuth) || !errors.Is(err, syscall.EIO) {
-				t.Fatalf("%s: %v does not wrap ErrAuth and EIO", name, err)
-			}
-			for k := range n {
-				sec := out[k*size : (k+1)*size]
-				if slices.Contains(bad, 100+uint64(k)) {
-					if !bytes.Equal(sec, make([]byte, size)) {
-						t.Fatalf("%s: damaged sector %d was not zeroed", name, k)
+				for k := range n {
+					sec := out[k*size : (k+1)*size]
+					if slices.Contains(bad, 100+uint64(k)) {
+						if !bytes.Equal(sec, make([]byte, size)) {
+							t.Fatalf("%s: damaged sector %d was not zeroed", name, k)
+						}
+					} else if !bytes.Equal(sec, plain[k*size:(k+1)*size]) {
+						t.Fatalf("%s: intact sector %d did not open", name, k)
 					}
-				} else if !bytes.Equal(sec, plain[k*size:(k+1)*size]) {
-					t.Fatalf("%s: intact sector %d did not open", name, k)
 				}
 			}
 		}
