@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sort"
 	"sync"
@@ -81,8 +82,47 @@ type node struct {
 	key     nodeKey
 	data    []byte
 	h       Hasher
+	dirty   uint64        // pieces setSlot changed since h last saw them
 	pending int           // Updates whose writes are not yet Written: not evictable
 	elem    *list.Element // in lru while evictable
+}
+
+// A node's pieces fit dirty's bits.
+const _ = uint64(64 - NodeSize/PieceSize)
+
+// setSlot puts d into slot of n. Its piece is rehashed by digest: once, however many of
+// the piece's 16 slots a commit changes (a level-1 node takes a slot per metadata block,
+// and a commit of random writes changes many blocks under one node).
+func (n *node) setSlot(slot int, d Digest) {
+	off := slot * DigestSize
+	copy(n.data[off:], d[:])
+	n.dirty |= 1 << (off / PieceSize)
+}
+
+// digest is n's digest, after rehashing the pieces setSlot changed.
+func (n *node) digest() Digest {
+	for d := n.dirty; d != 0; d &= d - 1 {
+		n.h.Update(n.data, bits.TrailingZeros64(d)*PieceSize, PieceSize)
+	}
+	n.dirty = 0
+	return n.h.Digest(n.key.level, n.key.index)
+}
+
+// hashUp sets the leaves' digests in their level-1 nodes and recomputes the nodes of keys
+// (every node on the leaves' paths, bottom up as pathKeys orders them) and the root.
+func (t *Tree) hashUp(leaves []Leaf, keys []nodeKey) {
+	for _, l := range leaves {
+		t.nodes[nodeKey{1, l.Index / Arity}].setSlot(int(l.Index%Arity), l.Digest)
+	}
+	for _, k := range keys {
+		d := t.nodes[k].digest()
+		if k.level == t.geom.Levels() {
+			t.root = d
+			continue
+		}
+		pk, slot := t.parentOf(k)
+		t.nodes[pk].setSlot(slot, d)
+	}
 }
 
 // Tree verifies leaves against a root and updates it. Verified interior nodes are cached,
@@ -324,24 +364,7 @@ func (t *Tree) Update(leaves []Leaf) (*Commit, error) {
 		}
 		t.pin(n)
 	}
-	for _, l := range leaves {
-		n := t.nodes[nodeKey{1, l.Index / Arity}]
-		off := int(l.Index%Arity) * DigestSize
-		copy(n.data[off:], l.Digest[:])
-		n.h.Update(n.data, off, DigestSize)
-	}
-	for _, k := range keys {
-		n := t.nodes[k]
-		d := n.h.Digest(k.level, k.index)
-		if k.level == t.geom.Levels() {
-			t.root = d
-			continue
-		}
-		pk, slot := t.parentOf(k)
-		p := t.nodes[pk]
-		copy(p.data[slot*DigestSize:], d[:])
-		p.h.Update(p.data, slot*DigestSize, DigestSize)
-	}
+	t.hashUp(leaves, keys)
 	c.Root = t.root
 	c.keys = keys
 	for _, k := range keys {
@@ -425,24 +448,10 @@ func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Comm
 		n.h.Reset(n.data)
 		t.nodes[k] = n
 	}
-	for _, l := range leaves {
-		n := t.nodes[nodeKey{1, l.Index / Arity}]
-		off := int(l.Index%Arity) * DigestSize
-		copy(n.data[off:], l.Digest[:])
-		n.h.Update(n.data, off, DigestSize)
-	}
+	t.hashUp(leaves, keys)
 	c := &Commit{}
 	for _, k := range keys {
 		n := t.nodes[k]
-		d := n.h.Digest(k.level, k.index)
-		if k.level == g.Levels() {
-			t.root = d
-		} else {
-			pk, slot := t.parentOf(k)
-			p := t.nodes[pk]
-			copy(p.data[slot*DigestSize:], d[:])
-			p.h.Update(p.data, slot*DigestSize, DigestSize)
-		}
 		if len(leaves) == 0 {
 			n.elem = t.lru.PushFront(n)
 			continue
