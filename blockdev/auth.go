@@ -41,6 +41,9 @@ type authEngine struct {
 	epoch       time.Time
 	roundMax    int // distinct groups per commit round (metadata blocks pinned at once)
 	rec         Recovery
+	// blockPwrites: a metadata block's writes by system call before writeBlock copies it
+	// into a mapping (pwritesBeforeMapping; the crash tests lower it).
+	blockPwrites int
 
 	// Format version 2 (fresh.go): the hash tree (nil in version 1), set by recovery.
 	tree        *tree.Tree
@@ -113,7 +116,7 @@ func (a *authEngine) open(cfg Config) error {
 	m := a.l.MetaBlockSize()
 	v2 := a.l.Tree()
 	a.cache = newMetaCache(m, cacheBytes, func(g uint64, buf []byte) error {
-		if _, err := a.p.ReadAt(buf, a.geo.blockPos(g)); err != nil {
+		if err := a.readOnce(buf, a.geo.blockPos(g)); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
 		if v2 && a.overrides != nil {
@@ -137,6 +140,7 @@ func (a *authEngine) open(cfg Config) error {
 		a.maxBatch = DefaultMaxBatchBytes
 	}
 	a.maxBatch = max(a.maxBatch, int64(a.pieceSectors*a.s))
+	a.blockPwrites = pwritesBeforeMapping
 	a.commitBytes = cfg.CommitBytes
 	if a.commitBytes <= 0 {
 		a.commitBytes = DefaultCommitBytes

@@ -384,22 +384,32 @@ func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) erro
 // patched since its last write go: a lone random write changes one record of a block,
 // and the provider already holds the rest (a torn copy tears only records that the
 // journal names, or bytes that it rewrites with their own value).
+//
+// A block's first pwritesBeforeMapping writes since it was loaded go by system call
+// instead: the first write through the mapping faults the page in, which on a VM costs
+// several pwrites, and a sequential load writes most blocks only once or twice, where
+// random writes write a block again and again.
 func (a *authEngine) writeBlock(blk *mblock) error {
 	pos := a.geo.blockPos(blk.g)
 	var done bool
 	var err error
-	if lo, hi := blk.wlo, blk.whi; a.mapped != nil && hi > lo {
+	if lo, hi := blk.wlo, blk.whi; a.mapped != nil && hi > lo && blk.writes >= a.blockPwrites {
 		done, err = a.mapped.WriteMapped(blk.data[lo:hi], pos+int64(lo))
 	}
 	if !done {
-		err = a.writeTearable(blk.data, pos)
+		_, err = a.p.WriteAt(blk.data, pos)
 	}
 	if err != nil {
 		return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
 	}
 	blk.wlo, blk.whi = 0, 0
+	blk.writes = min(blk.writes+1, a.blockPwrites)
 	return nil
 }
+
+// pwritesBeforeMapping is how many times writeBlock writes a block by system call before
+// it copies it into the mapping.
+const pwritesBeforeMapping = 4
 
 // writeNodes writes the tree nodes of commits in place, a later commit's version of a node
 // over an earlier one's, and nodes that lie next to each other (the first node of every
@@ -461,5 +471,18 @@ func (c *core) writeTearable(b []byte, off int64) error {
 		}
 	}
 	_, err := c.p.WriteAt(b, off)
+	return err
+}
+
+// readOnce reads what a cache will keep (a metadata block, a tree node): by system call
+// where the provider would read through a mapping, whose first touch of a page costs
+// more than the read (provider.OnceReader).
+func (c *core) readOnce(b []byte, off int64) error {
+	var err error
+	if c.once != nil {
+		_, err = c.once.ReadOnce(b, off)
+	} else {
+		_, err = c.p.ReadAt(b, off)
+	}
 	return err
 }

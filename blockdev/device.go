@@ -144,13 +144,16 @@ type core struct {
 	// mapped writes the journal, metadata blocks and tree nodes where the provider can
 	// without a system call (writeTearable); nil if it cannot.
 	mapped provider.MappedWriter
-	l      Layout
-	geo    geometry // l's numbers, for the per-sector paths
-	codec  sector.Codec
-	ro     bool
-	log    *slog.Logger
-	s      int   // sector size
-	size   int64 // bytes exposed
+	// once reads metadata blocks and tree nodes, which the caches keep, by system call
+	// where ReadAt would go through a mapping; nil if the provider has no such choice.
+	once  provider.OnceReader
+	l     Layout
+	geo   geometry // l's numbers, for the per-sector paths
+	codec sector.Codec
+	ro    bool
+	log   *slog.Logger
+	s     int   // sector size
+	size  int64 // bytes exposed
 
 	pieceSectors int // sectors per slab and per step of a large request
 	chunkSectors int // sectors per parallel chunk
@@ -201,6 +204,7 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 		d.puncher = p.(provider.Puncher)
 	}
 	d.mapped, _ = p.(provider.MappedWriter)
+	d.once, _ = p.(provider.OnceReader)
 	d.pieceSectors = max(1, (1<<20)/d.s)
 	d.chunkSectors = max(1, (64<<10)/d.s)
 	d.ioPiece = max(1, (256<<10)/d.s)

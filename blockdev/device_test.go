@@ -419,3 +419,82 @@ func TestSerialWrites(t *testing.T) {
 		}
 	}
 }
+
+// onceProvider counts, for TestMetadataMapping, the reads a provider with a mapping
+// would make through it (ReadAt) and by system call (ReadOnce), and the writes into its
+// mapping (WriteMapped) and by system call (WriteAt), each at metadata-block positions.
+type onceProvider struct {
+	*memProvider
+	isBlock              func(off int64) bool
+	readAt, readOnce     atomic.Int64
+	writeAt, writeMapped atomic.Int64
+}
+
+func (p *onceProvider) ReadAt(b []byte, off int64) (int, error) {
+	if p.isBlock(off) {
+		p.readAt.Add(1)
+	}
+	return p.memProvider.ReadAt(b, off)
+}
+
+func (p *onceProvider) ReadOnce(b []byte, off int64) (int, error) {
+	if p.isBlock(off) {
+		p.readOnce.Add(1)
+	}
+	return p.memProvider.ReadAt(b, off)
+}
+
+func (p *onceProvider) WriteAt(b []byte, off int64) (int, error) {
+	if p.isBlock(off) {
+		p.writeAt.Add(1)
+	}
+	return p.memProvider.WriteAt(b, off)
+}
+
+func (p *onceProvider) WriteMapped(b []byte, off int64) (bool, error) {
+	if p.isBlock(off) {
+		p.writeMapped.Add(1)
+	}
+	_, err := p.memProvider.WriteAt(b, off)
+	return true, err
+}
+
+// TestMetadataMapping: where the provider reads through a mapping, metadata blocks are
+// loaded by system call (a first touch through a mapping costs more than the read), and
+// a block is copied into the mapping only once it has been written pwritesBeforeMapping
+// times by system call.
+func TestMetadataMapping(t *testing.T) {
+	t.Parallel()
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 4096, 2000)
+	geo := newGeometry(v.l)
+	blocks := map[int64]bool{}
+	for g := uint64(0); g*geo.perGroup < 2000; g++ {
+		blocks[geo.blockPos(g)] = true
+	}
+	p := &onceProvider{memProvider: v.mem, isBlock: func(off int64) bool { return blocks[off] }}
+	d, err := Open(p, v.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sector 0 written and committed ten times: its block is written ten times.
+	buf := make([]byte, 4096)
+	for i := range 10 {
+		buf[0] = byte(i)
+		if err := d.WriteAt(buf, 0, FUA); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]byte, 4096)
+	if err := d.ReadAt(got, 0); err != nil || got[0] != 9 {
+		t.Fatalf("read back %d, %v", got[0], err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if p.readOnce.Load() == 0 || p.readAt.Load() != 0 {
+		t.Errorf("metadata blocks loaded %d times by ReadOnce, %d by ReadAt; want all by ReadOnce", p.readOnce.Load(), p.readAt.Load())
+	}
+	if w, m := p.writeAt.Load(), p.writeMapped.Load(); w != pwritesBeforeMapping || m != 10-pwritesBeforeMapping {
+		t.Errorf("block written %d times by WriteAt and %d through the mapping, want %d and %d", w, m, pwritesBeforeMapping, 10-pwritesBeforeMapping)
+	}
+}

@@ -38,8 +38,7 @@ func treeGeometry(l Layout) tree.Geometry {
 type nodeStore struct{ a *authEngine }
 
 func (s nodeStore) ReadNode(level int, index uint64, buf []byte) error {
-	_, err := s.a.p.ReadAt(buf, s.a.l.NodePos(level, index))
-	return err
+	return s.a.readOnce(buf, s.a.l.NodePos(level, index))
 }
 
 // treeNodesFor is the bound on cached tree nodes for a metadata cache of blocks blocks: a

@@ -49,6 +49,9 @@ type mblock struct {
 	// [wlo, whi) holds every byte patched since the block was last written in place
 	// (empty: none); outside it the provider holds the block's bytes as they are here.
 	wlo, whi int
+	// writes counts the block's writes in place since it was loaded (up to
+	// pwritesBeforeMapping): the first ones go by system call (writeBlock).
+	writes int
 }
 
 func newMetaCache(blockSize int, maxBytes int64, load func(g uint64, buf []byte) error) *metaCache {

@@ -69,6 +69,16 @@ type MappedWriter interface {
 	WriteMapped(b []byte, off int64) (ok bool, err error)
 }
 
+// OnceReader is implemented by providers whose ReadAt may go through a mapping (a file
+// on tmpfs). ReadOnce reads with a system call instead: for bytes that the caller reads
+// once and keeps, such as metadata loaded into a cache. A first read of a page through
+// a mapping faults it in, and with fault-around its neighbours too, which costs far more
+// than pread where page-table updates are dear (a VM: docs/benchmarks.md, "Measurements
+// behind design choices"); the mapping pays off only for pages read again and again.
+type OnceReader interface {
+	ReadOnce(b []byte, off int64) (int, error)
+}
+
 // SerialWriter is implemented by providers whose concurrent writes run one at a time
 // anyway, so that a caller with several writes to make does better to issue them from
 // one thread: a second writer only waits, and may spin while it waits.
@@ -227,6 +237,9 @@ func (p *File) ReadAt(b []byte, off int64) (int, error) {
 	}
 	return p.f.ReadAt(b, off)
 }
+
+// ReadOnce is pread, also where the file is mapped (OnceReader).
+func (p *File) ReadOnce(b []byte, off int64) (int, error) { return p.f.ReadAt(b, off) }
 
 // WriteAt is pwrite, also where the file is mapped: see mapped.go for why.
 func (p *File) WriteAt(b []byte, off int64) (int, error) { return p.f.WriteAt(b, off) }
