@@ -430,31 +430,29 @@ type onceProvider struct {
 	writeAt, writeMapped atomic.Int64
 }
 
-func (p *onceProvider) ReadAt(b []byte, off int64) (int, error) {
+func (p *onceProvider) note(c *atomic.Int64, off int64) {
 	if p.isBlock(off) {
-		p.readAt.Add(1)
+		c.Add(1)
 	}
+}
+
+func (p *onceProvider) ReadAt(b []byte, off int64) (int, error) {
+	p.note(&p.readAt, off)
 	return p.memProvider.ReadAt(b, off)
 }
 
 func (p *onceProvider) ReadOnce(b []byte, off int64) (int, error) {
-	if p.isBlock(off) {
-		p.readOnce.Add(1)
-	}
+	p.note(&p.readOnce, off)
 	return p.memProvider.ReadAt(b, off)
 }
 
 func (p *onceProvider) WriteAt(b []byte, off int64) (int, error) {
-	if p.isBlock(off) {
-		p.writeAt.Add(1)
-	}
+	p.note(&p.writeAt, off)
 	return p.memProvider.WriteAt(b, off)
 }
 
 func (p *onceProvider) WriteMapped(b []byte, off int64) (bool, error) {
-	if p.isBlock(off) {
-		p.writeMapped.Add(1)
-	}
+	p.note(&p.writeMapped, off)
 	_, err := p.memProvider.WriteAt(b, off)
 	return true, err
 }
