@@ -16,7 +16,10 @@ import (
 // mapped, and a large part of an encrypted read's CPU time (docs/benchmarks.md,
 // "Measurements behind design choices"). The copy still goes into the caller's buffer,
 // so that what blockdev authenticates and what it decrypts are the same bytes, whatever
-// another process does to the file meanwhile.
+// another process does to the file meanwhile. What a caller reads once and keeps
+// (blockdev's metadata blocks and tree nodes) it reads with ReadOnce, which is pread: a
+// first touch of a page through the mapping faults it in, with its neighbours, and that
+// costs more than the system call.
 //
 // Only where all pages of the range are in memory (mincore): a read fault on a hole of a
 // tmpfs file allocates a page, which would fill a sparse provider with zeroes, so holes
