@@ -71,6 +71,10 @@ const aeadChunk = 16
 // 4 KiB seal 1.35 against 2.2 and open 1.25 against 2.25.
 const loneFastSize = 2048
 
+// viaXCrypto reports whether a chunk of k sectors goes to x/crypto sector by sector
+// rather than through the lanes.
+func (c *aeadCodec) viaXCrypto(k int) bool { return !c.fast || (k == 1 && c.size < loneFastSize) }
+
 func (c *aeadCodec) checkMeta(dst, src, meta []byte) (int, error) {
 	if err := checkRun(ModeXChaCha20Poly1305, c.size, dst, src); err != nil {
 		return 0, err
@@ -101,7 +105,7 @@ func (c *aeadCodec) SealRunMeta(first uint64, dst, src, meta []byte) {
 			copy(meta[(i+j)*aeadMetaSize:], nonces[j*aeadNonceSize:(j+1)*aeadNonceSize])
 		}
 		d, p := dst[i*size:(i+k)*size], src[i*size:(i+k)*size]
-		if !c.fast || (k == 1 && size < loneFastSize) {
+		if c.viaXCrypto(k) {
 			for j := range k {
 				c.sealXCrypto(s, first+uint64(i+j), d[j*size:(j+1)*size], p[j*size:(j+1)*size], meta[(i+j)*aeadMetaSize:(i+j+1)*aeadMetaSize])
 			}
@@ -131,7 +135,7 @@ func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
 	for i := 0; i < n; i += aeadChunk {
 		k := min(aeadChunk, n-i)
 		d, p := dst[i*size:(i+k)*size], src[i*size:(i+k)*size]
-		if !c.fast || (k == 1 && size < loneFastSize) {
+		if c.viaXCrypto(k) {
 			for j := range k {
 				if !c.openXCrypto(s, first+uint64(i+j), d[j*size:(j+1)*size], p[j*size:(j+1)*size], meta[(i+j)*aeadMetaSize:(i+j+1)*aeadMetaSize]) {
 					clear(d[j*size : (j+1)*size])
