@@ -412,12 +412,27 @@ func TestInFlightBounds(t *testing.T) {
 			t.Parallel()
 			mem := newMem(64 << 20)
 			var cur, peak, curBytes, peakBytes atomic.Int64
+			// The first requests are held until as many as the limits allow are in
+			// the backend (or 20 s pass), so that a busy machine, slow to send them
+			// all, still shows the peak; every request is then held for tc.hold, so
+			// that more would pile up if the limits failed.
+			full := make(chan struct{})
+			var fullOnce sync.Once
+			markFull := func() { fullOnce.Do(func() { close(full) }) }
 			mem.hook = func(name string, off, n int64, f Flags) error {
 				c := cur.Add(1)
 				b := curBytes.Add(n)
 				for p := peak.Load(); c > p && !peak.CompareAndSwap(p, c); p = peak.Load() {
 				}
 				for p := peakBytes.Load(); b > p && !peakBytes.CompareAndSwap(p, b); p = peakBytes.Load() {
+				}
+				if c >= tc.wantPeak {
+					markFull()
+				}
+				select {
+				case <-full:
+				case <-time.After(20 * time.Second):
+					markFull()
 				}
 				time.Sleep(tc.hold)
 				cur.Add(-1)
