@@ -60,17 +60,24 @@ type authEngine struct {
 	committing *batch
 	spare      *batch
 	started    uint64 // seq of the newest batch that began committing
-	durable    uint64 // seq of the newest batch whose commit completed
-	reserved   int64  // bytes writers are sealing for the pending batch
-	limit      int64  // pending plus reserved bytes beyond which writers wait (adaptLimit)
-	blocked    int    // writers waiting for room in the pending batch
-	urgent     bool   // a Flush or FUA waits for the pending batch
-	stopping   bool
-	failed     error
-	fresh      Freshness // version 2: generation and root of the newest completed commit
-	kick       chan struct{}
-	done       chan struct{}
-	commitMu   sync.Mutex // held by the committer for a whole commit
+	committed  uint64 // seq of the newest batch whose commit completed
+	// durable: seq of the newest batch that a Flush may acknowledge. In version 1 that
+	// is committed. In version 2 a batch's last round must also be followed by a durable
+	// journal slot (the next round's, or an empty one, markCompleted): until then the
+	// journal names its sectors with their old records, and putting back their old
+	// ciphertext would make recovery take those.
+	durable     uint64
+	wantDurable uint64 // the newest batch a Flush or FUA waits for
+	reserved    int64  // bytes writers are sealing for the pending batch
+	limit       int64  // pending plus reserved bytes beyond which writers wait (adaptLimit)
+	blocked     int    // writers waiting for room in the pending batch
+	urgent      bool   // a Flush or FUA waits for the pending batch
+	stopping    bool
+	failed      error
+	fresh       Freshness // version 2: generation and root of the newest completed commit
+	kick        chan struct{}
+	done        chan struct{}
+	commitMu    sync.Mutex // held by the committer for a whole commit
 
 	// Committer-only state.
 	syncTime time.Duration // spent in syncs by the commit under way
@@ -167,7 +174,7 @@ func (a *authEngine) open(cfg Config) error {
 		return fmt.Errorf("open device: recovery: %w", err)
 	}
 	a.pending = &batch{seq: 1}
-	a.durable, a.started = a.pending.seq-1, a.pending.seq-1
+	a.durable, a.committed, a.started = a.pending.seq-1, a.pending.seq-1, a.pending.seq-1
 	if !a.ro {
 		a.kick = make(chan struct{}, 1)
 		a.done = make(chan struct{})

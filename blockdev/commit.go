@@ -20,10 +20,15 @@ func (a *authEngine) committer() {
 	timer.Stop()
 	for {
 		a.mu.Lock()
+		mark := false
 		for {
 			if a.failed != nil {
 				a.mu.Unlock()
 				return
+			}
+			if a.markDue() {
+				mark = true
+				break
 			}
 			b := a.pending
 			if !b.empty() {
@@ -43,6 +48,22 @@ func (a *authEngine) committer() {
 			}
 			a.mu.Lock()
 		}
+		if mark {
+			a.mu.Unlock()
+			a.commitMu.Lock()
+			err := a.markCompleted()
+			a.commitMu.Unlock()
+			a.mu.Lock()
+			if err != nil {
+				a.failLocked(a.committed, err)
+				a.mu.Unlock()
+				return
+			}
+			a.durable = a.committed
+			a.cond.Broadcast()
+			a.mu.Unlock()
+			continue
+		}
 		b := a.pending
 		a.pending = a.newBatchLocked(b.seq + 1)
 		a.committing = b
@@ -54,30 +75,67 @@ func (a *authEngine) committer() {
 		a.commitMu.Lock()
 		start := time.Now()
 		a.syncTime = 0
+		gen := a.jrnl.gen
 		err := a.commit(b)
+		wroteSlot := a.jrnl.gen != gen
 		took := time.Since(start)
 		a.commitMu.Unlock()
 
 		a.mu.Lock()
 		if err != nil {
-			// The provider failed mid-commit: what is on it is for recovery to sort out at
-			// the next attach. The batch stays visible, so reads stay consistent, and every
-			// later write or flush fails.
-			a.failed = fmt.Errorf("commit of batch %d failed, device stopped (reattach to recover): %w", b.seq, err)
-			a.log.Error("commit failed; the device accepts no more writes", "batch", b.seq, "err", err)
-			a.cond.Broadcast()
+			// The batch stays visible, so reads stay consistent.
+			a.failLocked(b.seq, err)
 			a.mu.Unlock()
 			return
 		}
 		a.committing = nil
 		a.adaptLimit(b.bytes, took, a.syncTime)
-		a.durable = b.seq
+		switch {
+		case a.tree == nil:
+			a.durable = b.seq
+		case wroteSlot:
+			// Its first slot completes the batches before it; it awaits the next.
+			a.durable = a.committed
+		case a.durable == a.committed:
+			a.durable = b.seq // it changed nothing on the provider
+		}
+		a.committed = b.seq
 		a.cond.Broadcast()
 		b.entries.reset(a.slabs)
 		b.bytes = 0
 		a.spare = b
 		a.mu.Unlock()
 	}
+}
+
+// failLocked stops the device after the provider failed in the commit of batch seq (or
+// in the slot that completes it): what is on the provider is for recovery to sort out at
+// the next attach, and every later write or flush fails.
+func (a *authEngine) failLocked(seq uint64, err error) {
+	a.failed = fmt.Errorf("commit of batch %d failed, device stopped (reattach to recover): %w", seq, err)
+	a.log.Error("commit failed; the device accepts no more writes", "batch", seq, "err", err)
+	a.cond.Broadcast()
+}
+
+// markDue reports whether a Flush or FUA waits for a committed batch that no later journal
+// slot completes yet (version 2).
+func (a *authEngine) markDue() bool {
+	return a.tree != nil && a.durable < a.wantDurable && a.wantDurable <= a.committed
+}
+
+// markCompleted writes an empty journal slot, the next generation with the same root, and
+// syncs: the last round's slot, which names its sectors' old records, is no longer the
+// current one, so recovery can no longer take those records back, whatever was put back
+// in the data area. A Flush (and the witness it reports to) waits for this. Without it, a
+// crash after the flush would leave the round's old records one step from being chosen:
+// put back a sector's old ciphertext and recovery, finding that it opens with the old
+// record, would serve the old data (TestFreshnessLastRoundAfterCrash).
+func (a *authEngine) markCompleted() error {
+	if err := a.writeJournal2(nil); err != nil {
+		return err
+	}
+	a.setFresh()
+	return nil
 }
 
 // timedSync is sync for the commit path (and recovery), adding its duration to syncTime.

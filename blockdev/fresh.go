@@ -264,7 +264,11 @@ func (a *authEngine) recover2(minGen uint64) error {
 	for _, c := range commits {
 		t.Written(c)
 	}
-	a.fresh = Freshness{Generation: a.jrnl.gen, Root: a.jrnl.root}
+	// The recovered round is served from now on: complete it, so that no later recovery
+	// can take its old records back (markCompleted).
+	if err := a.markCompleted(); err != nil {
+		return err
+	}
 	return nil
 }
 

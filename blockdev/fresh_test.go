@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/sector"
@@ -535,20 +536,35 @@ func TestFreshnessWriteToTamperedGroup(t *testing.T) {
 // TestFreshnessDamagedNewestSlot: on a provider left after a flush (no clean close), the
 // newest journal slot holds the last round; with it damaged, the previous slot looks
 // current, but the tree on disk is newer than that slot's root: Open is refused.
+//
+// The last round here is committed by the committer alone, with no Flush waiting: FUA
+// writes and flushes are each followed by an empty slot (markCompleted), which carries
+// the round's root.
 func TestFreshnessDamagedNewestSlot(t *testing.T) {
 	t.Parallel()
 	v := newTestVolVersion(t, layout.Version2, sector.ModeXChaCha20Poly1305, 4096, 500)
+	v.cfg.CommitInterval = time.Millisecond
 	d := v.open(t)
 	for k := range 3 {
 		if err := d.WriteAt(bytes.Repeat([]byte{byte(k + 1)}, 4096), int64(k)*4096*150, FUA); err != nil {
 			t.Fatal(err)
 		}
 	}
+	commits := d.Stats().Commits
+	if err := d.WriteAt(bytes.Repeat([]byte{4}, 4096), 4096*450, 0); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); d.Stats().Commits == commits; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the last write was not committed within 10 s")
+		}
+	}
 	img := v.mem.snapshot()
 	d.Close()
+	// Three rounds each followed by an empty slot, then the last round.
 	fr, ok, err := PeekFreshness(&memProvider{data: img}, v.l)
-	if err != nil || !ok || fr.Generation != 3 {
-		t.Fatalf("freshness %+v %v %v, want generation 3", fr, ok, err)
+	if err != nil || !ok || fr.Generation != 7 {
+		t.Fatalf("freshness %+v %v %v, want generation 7", fr, ok, err)
 	}
 	img[v.l.JournalSlotOffset(int(fr.Generation%2))+journal2HeaderLen+3] ^= 1
 	cfg := v.cfg
@@ -573,5 +589,63 @@ func TestMinGenerationVersion1(t *testing.T) {
 	if d, err := Open(v.mem, v.cfg); err == nil {
 		d.Close()
 		t.Fatal("Open of a version 1 volume accepted a minimum generation")
+	}
+}
+
+// TestFreshnessLastRoundAfterCrash: a server stops without closing right after a flush
+// (a crash, kill -9), so its journal still names the last round's sectors with their old
+// and new records. Putting back the old ciphertext of those sectors must not make
+// recovery take the old records: with the witness of that flush, the attach succeeds and
+// every such sector fails to read, as any sector whose ciphertext was changed does.
+func TestFreshnessLastRoundAfterCrash(t *testing.T) {
+	t.Parallel()
+	const s = 512
+	v := newTestVolVersion(t, layout.Version2, sector.ModeXChaCha20Poly1305, s, 4*102)
+	var witness uint64
+	v.cfg.OnFlushed = func(gen uint64, _ [32]byte) { witness = gen }
+	oldPlain := bytes.Repeat([]byte{0x01}, 4*102*s)
+	newPlain := bytes.Repeat([]byte{0x02}, 10*s)
+	d := v.open(t)
+	if err := d.WriteAt(oldPlain, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	before := v.mem.snapshot()
+	const first = 150 // sectors 150 to 159, in group 1
+	if err := d.WriteAt(newPlain, first*s, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	crashed, witnessed := v.mem.snapshot(), witness // the server dies here
+	d.Close()
+
+	img := bytes.Clone(crashed)
+	for i := uint64(first); i < first+10; i++ {
+		pos := v.l.DataPos(i)
+		copy(img[pos:pos+s], before[pos:pos+s])
+	}
+	cfg := v.cfg
+	cfg.OnFlushed, cfg.MinGeneration, cfg.Logger = nil, witnessed, discardLogger()
+	d, err := Open(&memProvider{data: img}, cfg)
+	if err != nil {
+		t.Fatalf("attach at the witnessed generation: %v", err)
+	}
+	defer d.Close()
+	got := make([]byte, s)
+	for i := int64(first); i < first+10; i++ {
+		err := d.ReadAt(got, i*s)
+		if err == nil {
+			t.Fatalf("sector %d, whose old ciphertext was put back after a crash, reads %x..., want an I/O error", i, got[:4])
+		}
+		if !errors.Is(err, syscall.EIO) {
+			t.Fatalf("sector %d: %v, want EIO", i, err)
+		}
+	}
+	if err := d.ReadAt(got, 0); err != nil || !bytes.Equal(got, oldPlain[:s]) {
+		t.Fatalf("sector 0, untouched: %v", err)
 	}
 }

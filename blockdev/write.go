@@ -176,6 +176,10 @@ func (a *authEngine) waitDurable(seq uint64) error {
 		a.urgent = true
 		a.poke()
 	}
+	if seq > a.durable && seq > a.wantDurable {
+		a.wantDurable = seq
+		a.poke()
+	}
 	for a.durable < seq {
 		if a.failed != nil {
 			return a.failed
