@@ -74,7 +74,7 @@ type authEngine struct {
 	urgent      bool   // a Flush or FUA waits for the pending batch
 	stopping    bool
 	failed      error
-	fresh       Freshness // version 2: generation and root of the newest completed commit
+	fresh       Freshness // version 2: generation and root of the newest durable journal slot
 	kick        chan struct{}
 	done        chan struct{}
 	commitMu    sync.Mutex // held by the committer for a whole commit

@@ -26,14 +26,17 @@ func (a *authEngine) committer() {
 				a.mu.Unlock()
 				return
 			}
-			if a.markDue() {
+			b := a.pending
+			markDue := a.markDue()
+			if markDue && b.empty() {
 				mark = true
 				break
 			}
-			b := a.pending
 			if !b.empty() {
+				// A Flush waiting for a committed batch is served as soon by the
+				// pending batch's first slot as by an empty one, and a sync cheaper.
 				wait := a.interval - time.Duration(a.now()-b.first)
-				if a.urgent || a.stopping || a.blocked > 0 || b.cost() >= a.commitBytes || wait <= 0 {
+				if markDue || a.urgent || a.stopping || a.blocked > 0 || b.cost() >= a.commitBytes || wait <= 0 {
 					break
 				}
 				timer.Reset(wait)
@@ -93,12 +96,11 @@ func (a *authEngine) committer() {
 		switch {
 		case a.tree == nil:
 			a.durable = b.seq
-		case wroteSlot:
-			// Its first slot completes the batches before it; it awaits the next.
-			a.durable = a.committed
-		case a.durable == a.committed:
+		case !wroteSlot && a.durable == a.committed:
 			a.durable = b.seq // it changed nothing on the provider
 		}
+		// (Otherwise its first slot completed the batches before it (slotDurable), and
+		// it awaits the next.)
 		a.committed = b.seq
 		a.cond.Broadcast()
 		b.entries.reset(a.slabs)
@@ -121,6 +123,19 @@ func (a *authEngine) failLocked(seq uint64, err error) {
 // slot completes yet (version 2).
 func (a *authEngine) markDue() bool {
 	return a.tree != nil && a.durable < a.wantDurable && a.wantDurable <= a.committed
+}
+
+// slotDurable is called once a commit round's journal slot is durable (version 2): the
+// slot completes the rounds before it, so the batches committed before this one may be
+// acknowledged, and its generation is what the witness may record.
+func (a *authEngine) slotDurable() {
+	a.setFresh()
+	a.mu.Lock()
+	if a.durable < a.committed {
+		a.durable = a.committed
+		a.cond.Broadcast()
+	}
+	a.mu.Unlock()
 }
 
 // markCompleted writes an empty journal slot, the next generation with the same root, and
@@ -272,6 +287,7 @@ func (a *authEngine) commitRound(refs []ref) error {
 		if err := a.writeJournal2(jes); err != nil {
 			return err
 		}
+		a.slotDurable()
 	}
 
 	// 2. Data, records and tree nodes in place, in any order; recovery sorts out a crash
@@ -290,7 +306,6 @@ func (a *authEngine) commitRound(refs []ref) error {
 	}
 	if tc != nil {
 		a.tree.Written(tc)
-		a.setFresh()
 	}
 	a.stats.rounds.Add(1)
 	a.stats.sectors.Add(uint64(len(jes)))
