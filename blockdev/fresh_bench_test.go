@@ -328,7 +328,7 @@ func BenchmarkOpen16T(b *testing.B) {
 // random read within 10%).
 func BenchmarkVersionsAlternating(b *testing.B) {
 	const volSize = 1 << 30
-	for _, work := range []string{"seq-write", "seq-read", "rand-write", "rand-read", "rand-read-misses"} {
+	for _, work := range []string{"seq-write", "seq-read", "rand-write", "sync-write", "rand-read", "rand-read-misses"} {
 		b.Run(work, func(b *testing.B) {
 			cfg := Config{}
 			if work == "rand-read-misses" {
@@ -353,7 +353,7 @@ func BenchmarkVersionsAlternating(b *testing.B) {
 				}
 			}
 			unit, scale := "MB/s", 1e6
-			if work == "rand-write" || work == "rand-read" {
+			if work == "rand-write" || work == "sync-write" || work == "rand-read" {
 				unit, scale = "kIOPS", 4096*1e3
 			}
 			v1 := float64(done[0]) / took[0].Seconds() / scale
@@ -425,6 +425,25 @@ func versionBurst(b *testing.B, d *Device, work string) func() (time.Duration, i
 				}
 			}
 			return time.Since(start), count * req
+		}
+	}
+	if work == "sync-write" {
+		// One client that flushes after every 4 KiB write, as a database's fsync does:
+		// the flush's syncs are all of the cost.
+		buf := make([]byte, 4096)
+		rng := rand.New(rand.NewPCG(1, 7))
+		return func() (time.Duration, int64) {
+			const count = 256
+			start := time.Now()
+			for range count {
+				if err := d.WriteAt(buf, rng.Int64N(sectors)*4096, 0); err != nil {
+					b.Fatal(err)
+				}
+				if err := d.Flush(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			return time.Since(start), count * 4096
 		}
 	}
 	const clients = 32
