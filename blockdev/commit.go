@@ -99,8 +99,8 @@ func (a *authEngine) committer() {
 		case !wroteSlot && a.durable == a.committed:
 			a.durable = b.seq // it changed nothing on the provider
 		}
-		// (Otherwise its first slot completed the batches before it (slotDurable), and
-		// it awaits the next.)
+		// Otherwise b's first slot completed the batches before it (slotDurable), and b
+		// waits for the next slot.
 		a.committed = b.seq
 		a.cond.Broadcast()
 		b.entries.reset(a.slabs)

@@ -254,8 +254,8 @@ type Recovery struct {
 
 // Freshness reports the generation and root of the newest durable journal slot of a
 // format version 2 volume (ok false for other volumes): where recovery from the provider
-// would start now. For a read-only device that recovered a
-// journal in memory, the root is the recovered one, which the provider does not hold.
+// would start now. For a read-only device that recovered a journal in memory, the root
+// is the recovered one, which the provider does not hold.
 func (d *Device) Freshness() (f Freshness, ok bool) {
 	if a, isAuth := d.eng.(*authEngine); isAuth {
 		return a.freshness()
