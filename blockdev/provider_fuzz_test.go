@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
 	"github.com/elidisk/eli/layout"
+	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -105,7 +110,10 @@ type providerFuzzBase struct {
 	older []byte   // an earlier image of the same volume
 	truth [][]byte // sector i's value, as the untouched image reads
 	gen   uint64   // the generation the untouched image opens at
+	dir   string   // in tmpfs, for the changed images
 }
+
+var fuzzFileSeq atomic.Uint64
 
 const fuzzSectors = 102 * 20 // 20 groups under one tree node of each level
 
@@ -169,9 +177,13 @@ func providerFuzzBases(f testing.TB) []providerFuzzBase {
 	}
 	d.Close()
 
+	dir, err := tempDirIn(f, "/dev/shm")
+	if err != nil {
+		f.Fatalf("a tmpfs for the mapped provider: %v", err)
+	}
 	for k := range bases {
 		b := &bases[k]
-		b.v, b.older = v, first
+		b.v, b.older, b.dir = v, first, dir
 		d, err := Open(&memProvider{data: bytes.Clone(b.img)}, v.cfg)
 		if err != nil {
 			f.Fatalf("base %d: %v", k, err)
@@ -215,8 +227,19 @@ func (b *providerFuzzBase) check(t *testing.T, img []byte, tag byte) {
 		d.Close()
 	}
 
-	mem := &memProvider{data: img}
-	d, err := Open(mem, cfg)
+	// Then writable, on a file in tmpfs as eli attaches it: read through a mapping,
+	// metadata loaded by pread and written through the mapping.
+	path := filepath.Join(b.dir, fmt.Sprintf("img-%d", fuzzFileSeq.Add(1)))
+	if err := os.WriteFile(path, img, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	f, err := provider.Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d, err := Open(f, cfg)
 	if err != nil {
 		return // refused: nothing served
 	}
@@ -243,7 +266,7 @@ func (b *providerFuzzBase) check(t *testing.T, img []byte, tag byte) {
 		return
 	}
 	cfg.MinGeneration, cfg.OnFlushed = gen, nil
-	d, err = Open(mem, cfg)
+	d, err = Open(f, cfg)
 	if err != nil {
 		t.Fatalf("the first open and the close succeeded, the reopen fails: %v", err)
 	}
