@@ -190,9 +190,30 @@ func (a *authEngine) cacheStats(st *Stats) {
 }
 
 func (a *authEngine) writeAt(p []byte, off int64, flags Flags) error {
+	return a.write(p, off, flags, nil)
+}
+
+// writeKeep is writeAt sealing whole sectors in place, in p, which the batch keeps
+// (Device.WriteKeep).
+func (a *authEngine) writeKeep(p []byte, off int64, flags Flags, done func()) error {
+	kept := &slab{buf: p, kept: done}
+	kept.refs.Store(1)
+	err := a.write(p, off, flags, kept)
+	a.slabs.release(kept) // the entries hold their own references
+	return err
+}
+
+// write writes p at off; with kept (a slab over p), whole sectors are sealed in place.
+func (a *authEngine) write(p []byte, off int64, flags Flags, kept *slab) error {
 	var last uint64
-	err := a.forSectors(p, off, func(p []byte, first uint64, n int) error {
-		seq, err := a.writeWhole(p, first, n)
+	err := a.forSectors(p, off, func(run []byte, first uint64, n int) error {
+		var seq uint64
+		var err error
+		if kept != nil {
+			seq, err = a.writeKept(kept, int(int64(first)*int64(a.s)-off), first, n)
+		} else {
+			seq, err = a.writeWhole(run, first, n)
+		}
 		last = max(last, seq)
 		return err
 	}, func(i uint64, o int, part []byte) error {

@@ -14,6 +14,9 @@ type slab struct {
 	buf   []byte // class·S
 	class int    // log2 of the sector capacity
 	refs  atomic.Int32
+	// kept: a write's own buffer, sealed in place (Device.WriteKeep), not the pool's;
+	// the last release hands it back to its owner instead of the pool.
+	kept func()
 }
 
 // slabPool recycles slabs by power-of-two class, keeping at most maxFree bytes idle, so a
@@ -69,6 +72,10 @@ func (p *slabPool) releaseN(s *slab, n int32) {
 		return
 	case r < 0:
 		panic("blockdev: slab released too often")
+	}
+	if s.kept != nil {
+		s.kept()
+		return
 	}
 	p.mu.Lock()
 	if p.freeBytes+int64(len(s.buf)) <= p.maxFree {

@@ -1,6 +1,7 @@
 package blockdev
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -118,7 +119,13 @@ func runConcurrentModel(t *testing.T, v *testVol) {
 					if r.IntN(8) == 0 {
 						fl = FUA
 					}
-					if err := d.WriteAt(p, int64(lo)*8, fl); err != nil {
+					var err error
+					if id%2 == 0 {
+						err = d.WriteKeep(bytes.Clone(p), int64(lo)*8, fl, func() {})
+					} else {
+						err = d.WriteAt(p, int64(lo)*8, fl)
+					}
+					if err != nil {
 						errCh <- err
 						return
 					}

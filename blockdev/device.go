@@ -427,6 +427,30 @@ func (d *Device) WriteAt(p []byte, off int64, flags Flags) error {
 	return d.eng.writeAt(p, off, flags)
 }
 
+// WriteKeep is WriteAt for a caller that gives p up until done is called (nbd.Keeper):
+// in authenticated modes the whole sectors of p are sealed where they lie, and the
+// pending batch keeps p until they are committed, instead of a copy in a slab of its own.
+// This saves writing every byte into memory that is not in the cache. done is called
+// once p is no longer used, before WriteKeep returns or after; if the device fails and
+// keeps its batches for reads, never.
+func (d *Device) WriteKeep(p []byte, off int64, flags Flags, done func()) error {
+	if err := d.enter(true); err != nil {
+		done()
+		return err
+	}
+	defer d.leave()
+	if err := d.check(off, int64(len(p)), true); err != nil {
+		done()
+		return err
+	}
+	a, ok := d.eng.(*authEngine)
+	if !ok {
+		defer done()
+		return d.eng.writeAt(p, off, flags)
+	}
+	return a.writeKeep(p, off, flags, done)
+}
+
 // WriteZeroes makes [off, off+length) read as zeroes. In authenticated modes whole sectors
 // get a zero record (and their data is punched out unless NoHole), which is fast; partial
 // sectors at the edges are zeroed by read-modify-write. Length-preserving modes write

@@ -30,19 +30,38 @@ func (a *authEngine) writeWhole(p []byte, first uint64, n int) (uint64, error) {
 		return 0, err
 	}
 	sl := a.slabs.get(n)
+	seq := a.sealInsert(sl, 0, p, first, n, cost)
+	a.slabs.release(sl) // the entries hold their own references
+	return seq, nil
+}
+
+// writeKept is writeWhole for a run that lies at byte base of a kept buffer (slab sl,
+// Device.WriteKeep): it is sealed where it lies, and the batch keeps the buffer.
+func (a *authEngine) writeKept(sl *slab, base int, first uint64, n int) (uint64, error) {
+	// The buffer's capacity counts against the bound, not only the run's bytes.
+	cost := (int64(n*a.s)*int64(cap(sl.buf)) + int64(len(sl.buf)) - 1) / int64(len(sl.buf))
+	if err := a.reserve(cost); err != nil {
+		return 0, err
+	}
+	return a.sealInsert(sl, base, sl.buf[base:base+n*a.s], first, n, cost), nil
+}
+
+// sealInsert seals the n sectors of p into slab sl from byte base (p may be that part of
+// sl itself) and inserts them into the pending batch, whose reservation cost was made.
+func (a *authEngine) sealInsert(sl *slab, base int, p []byte, first uint64, n int, cost int64) uint64 {
 	rp := a.getRecs(n)
 	recs := *rp
 	s := a.s
+	dst := sl.buf[base : base+n*s]
 	a.workers.run(n, a.chunkSectors, func(lo, hi int) error {
-		a.runs.SealRunMeta(first+uint64(lo), sl.buf[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
+		a.runs.SealRunMeta(first+uint64(lo), dst[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
 		return nil
 	})
 	a.locks.lock(first, uint64(n))
-	seq := a.insert(first, n, sl, recs, cost)
+	seq := a.insert(first, n, sl, base, recs, cost)
 	a.locks.unlock(first, uint64(n))
 	a.putRecs(rp)
-	a.slabs.release(sl) // the entries hold their own references
-	return seq, nil
+	return seq
 }
 
 // writePartial writes part at offset o of sector i: read, modify, seal, insert, all under
@@ -63,7 +82,7 @@ func (a *authEngine) writePartial(i uint64, o int, part []byte) (uint64, error) 
 	copy(sl.buf[o:a.s], part)
 	var rec [1]record
 	a.codec.Seal(i, sl.buf[:a.s], rec[0][:])
-	seq := a.insert(i, 1, sl, rec[:], cost)
+	seq := a.insert(i, 1, sl, 0, rec[:], cost)
 	a.slabs.release(sl)
 	return seq, nil
 }
@@ -94,14 +113,14 @@ func (a *authEngine) zeroWhole(first, n uint64, punch bool) (uint64, error) {
 	return seq, nil
 }
 
-// insert puts n sealed sectors of slab sl into the pending batch.
-func (a *authEngine) insert(first uint64, n int, sl *slab, recs []record, cost int64) uint64 {
+// insert puts n sealed sectors of slab sl, from byte base, into the pending batch.
+func (a *authEngine) insert(first uint64, n int, sl *slab, base int, recs []record, cost int64) uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	b := a.pending
 	sl.refs.Add(int32(n))
 	for k := range n {
-		a.replaceLocked(b, first+uint64(k), entry{slab: sl, off: int32(k * a.s), rec: recs[k]})
+		a.replaceLocked(b, first+uint64(k), entry{slab: sl, off: int32(base + k*a.s), rec: recs[k]})
 	}
 	return a.addedLocked(b, cost)
 }

@@ -41,6 +41,15 @@ type Backend interface {
 	Flush() error
 }
 
+// Keeper is an optional Backend extension for WRITE: WriteKeep is WriteAt, except that
+// the backend may change p and keep it after returning, until it calls done, exactly
+// once (before or after returning, whatever the outcome). A backend that seals or
+// transforms data for later use can then do so in place instead of copying it out: the
+// server reads each payload into a buffer of its own and gets it back through done.
+type Keeper interface {
+	WriteKeep(p []byte, off int64, flags Flags, done func()) error
+}
+
 // Cacher is an optional Backend extension: NBD_CMD_CACHE calls Cache so the backend can
 // warm whatever it caches for [off, off+length). Without it, CACHE succeeds and does
 // nothing, which proto.md allows ("there is no guarantee of an actual performance gain").

@@ -30,7 +30,11 @@ func (c *conn) handle(req *request) {
 		}
 	case nbdproto.CmdWrite:
 		c.wrote.Store(true)
-		if n > 0 {
+		if k, ok := b.(Keeper); ok && n > 0 {
+			buf := req.buf
+			req.buf = nil // the backend's until it calls done
+			err = k.WriteKeep(*buf, off, backendFlags(req.flags), func() { putBuf(buf) })
+		} else if n > 0 {
 			err = b.WriteAt(*req.buf, off, backendFlags(req.flags))
 		}
 	case nbdproto.CmdFlush:

@@ -52,7 +52,15 @@ func TestVolumeFailsWhenFenced(t *testing.T) {
 	}
 	p.fenced.Store(true)
 	for name, do := range map[string]func() error{
-		"write":  func() error { return v.WriteAt(data, 4096, 0) },
+		"write": func() error { return v.WriteAt(data, 4096, 0) },
+		"write, buffer kept": func() error {
+			returned := false
+			err := v.WriteKeep(bytes.Clone(data), 4096, 0, func() { returned = true })
+			if !returned {
+				t.Error("a refused WriteKeep kept its buffer")
+			}
+			return err
+		},
 		"zeroes": func() error { return v.WriteZeroes(0, 4096, 0) },
 		"trim":   func() error { return v.Trim(0, 4096, 0) },
 		"flush":  v.Flush,

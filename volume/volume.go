@@ -353,6 +353,23 @@ func (v *Volume) WriteAt(p []byte, off int64, f nbd.Flags) error {
 	return v.note(err, true)
 }
 
+var _ nbd.Keeper = (*Volume)(nil)
+
+// WriteKeep is WriteAt for the NBD server's own payload buffers (nbd.Keeper): the device
+// seals them in place and keeps them until their batch is committed.
+func (v *Volume) WriteKeep(p []byte, off int64, f nbd.Flags, done func()) error {
+	v.writes.Add(1)
+	if err := v.checkFence(); err != nil {
+		done()
+		return err
+	}
+	err := v.dev.WriteKeep(p, off, devFlags(f)|v.fua, done)
+	if err == nil {
+		v.bytesWritten.Add(uint64(len(p)))
+	}
+	return v.note(err, true)
+}
+
 func (v *Volume) WriteZeroes(off, n int64, f nbd.Flags) error {
 	v.zeroes.Add(1)
 	if err := v.checkFence(); err != nil {
