@@ -30,11 +30,7 @@ func TestFreshnessAttacks(t *testing.T) {
 	}
 	R := l.perGroup()
 	written := 3 * R
-	version := func(i int64, v byte) []byte {
-		b := sectorContent(i, l.S)
-		b[0] = v
-		return b
-	}
+	version := func(i int64, v byte) []byte { return sectorVersion(i, l.S, v) }
 	var all []byte
 	for i := int64(0); i < written; i++ {
 		all = append(all, version(i, 'A')...)
@@ -154,11 +150,7 @@ func TestFreshnessAfterKill(t *testing.T) {
 	img := e.create(volume{name: "k.img", size: "16M"})
 	l := e.dumpLayout(img)
 	R := l.perGroup()
-	version := func(i int64, v byte) []byte {
-		b := sectorContent(i, l.S)
-		b[0] = v
-		return b
-	}
+	version := func(i int64, v byte) []byte { return sectorVersion(i, l.S, v) }
 	var all []byte
 	for i := int64(0); i < 2*R; i++ {
 		all = append(all, version(i, 'A')...)
@@ -212,4 +204,11 @@ func TestFreshnessAfterKill(t *testing.T) {
 			t.Errorf("sector %d, untouched: ok=%v errno %q, or not its data", i, r.ok, r.errno)
 		}
 	}
+}
+
+// sectorVersion is version v (a letter) of sector i's content (sectorContent), S bytes.
+func sectorVersion(i, s int64, v byte) []byte {
+	b := sectorContent(i, s)
+	b[0] = v
+	return b
 }
