@@ -42,10 +42,12 @@ type Backend interface {
 }
 
 // Keeper is an optional Backend extension for WRITE: WriteKeep is WriteAt, except that
-// the backend may change p and keep it after returning, until it calls done, exactly
+// the backend may change p and keep it after returning, until it calls done, at most
 // once (before or after returning, whatever the outcome). A backend that seals or
 // transforms data for later use can then do so in place instead of copying it out: the
-// server reads each payload into a buffer of its own and gets it back through done.
+// server reads each payload into a buffer of its own and takes it back into its pool
+// through done. A buffer whose done is never called is merely left to the garbage
+// collector.
 type Keeper interface {
 	WriteKeep(p []byte, off int64, flags Flags, done func()) error
 }
