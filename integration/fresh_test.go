@@ -31,20 +31,10 @@ func TestFreshnessAttacks(t *testing.T) {
 	R := l.perGroup()
 	written := 3 * R
 	version := func(i int64, v byte) []byte { return sectorVersion(i, l.S, v) }
-	var all []byte
-	for i := int64(0); i < written; i++ {
-		all = append(all, version(i, 'A')...)
-	}
-	uri := e.Attach(img)
-	pythonNBD(t, all, "pwrite", uri, "0")
-	e.detach("f.img")
-	old, err := os.ReadFile(img)
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := writeVersionA(t, e, img, "f.img", l.S, written)
 	// Version B of two sectors of group 1, flushed: the current state.
 	rewritten := []int64{R + 5, R + 20}
-	uri = e.Attach(img)
+	uri := e.Attach(img)
 	for _, i := range rewritten {
 		pythonNBD(t, version(i, 'B'), "pwrite", uri, fmt.Sprint(i*l.S))
 	}
@@ -151,20 +141,10 @@ func TestFreshnessAfterKill(t *testing.T) {
 	l := e.dumpLayout(img)
 	R := l.perGroup()
 	version := func(i int64, v byte) []byte { return sectorVersion(i, l.S, v) }
-	var all []byte
-	for i := int64(0); i < 2*R; i++ {
-		all = append(all, version(i, 'A')...)
-	}
-	uri := e.Attach(img)
-	pythonNBD(t, all, "pwrite", uri, "0")
-	e.detach("k.img")
-	old, err := os.ReadFile(img)
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := writeVersionA(t, e, img, "k.img", l.S, 2*R)
 
 	rewritten := []int64{R + 5, R + 20}
-	uri = e.Attach(img)
+	uri := e.Attach(img)
 	pid := e.Attached("k.img").Pid
 	for _, i := range rewritten {
 		pythonNBD(t, version(i, 'B'), "pwrite", uri, fmt.Sprint(i*l.S)) // write and flush
@@ -211,4 +191,21 @@ func sectorVersion(i, s int64, v byte) []byte {
 	b := sectorContent(i, s)
 	b[0] = v
 	return b
+}
+
+// writeVersionA writes version 'A' of sectors [0, n) of the volume name (provider img,
+// S-byte sectors) through libnbd, detaches it, and returns the provider's image.
+func writeVersionA(t *testing.T, e *env, img, name string, s, n int64) []byte {
+	t.Helper()
+	var all []byte
+	for i := range n {
+		all = append(all, sectorVersion(i, s, 'A')...)
+	}
+	pythonNBD(t, all, "pwrite", e.Attach(img), "0")
+	e.detach(name)
+	old, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return old
 }
