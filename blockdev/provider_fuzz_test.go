@@ -18,39 +18,42 @@ import (
 	"github.com/elidisk/eli/sector"
 )
 
-// FuzzProviderBytes: whatever bytes the provider of a format version 2 volume holds, the
-// device serves the current data or an I/O error, never something else, and never
-// panics. The fuzzer changes a volume's provider behind the device's back: flipped bytes,
-// zeroed runs, runs put back from an older image of the same volume, blocks copied from
-// elsewhere on the provider. The volume is left cleanly closed, or by a crash in the
-// middle of a commit (its journal then has something to replay). Open gets the generation
-// the untouched image recovers to as MinGeneration, as a witness would give it.
+// FuzzProviderBytes: whatever bytes the provider of a volume holds, the device serves
+// data or an I/O error, never something else, and never panics. In format version 2 the
+// data is the current data; in version 1, which keeps no generation, it may also be a
+// value the sector held earlier (docs/threat-model.md). The fuzzer changes a volume's
+// provider behind the device's back: flipped bytes, zeroed runs, runs put back from an
+// older image of the same volume, blocks copied from elsewhere on the provider. The volume
+// is left cleanly closed, or by a crash in the middle of a commit (its journal then has
+// something to replay). In version 2, Open gets the generation the untouched image
+// recovers to as MinGeneration, as a witness would give it.
 //
 // Then, on the changed provider:
 //   - Open, read-only and then writable, fails with an error, or every sector reads its
-//     true value or fails with EIO;
+//     true value (or in version 1 an earlier one) or fails with EIO;
 //   - a write that succeeded, with the flush after it, reads back;
-//   - after Close, a reopen fails, or every sector reads its newest value or fails with
-//     EIO, and the sectors written and flushed read back.
+//   - after Close, a reopen fails, or every sector reads its newest value (version 1: or
+//     an earlier one) or fails with EIO, and the sectors written and flushed read back.
 //
 // The seed corpus runs in every test run; `go test -fuzz FuzzProviderBytes ./blockdev/`
 // searches further.
 func FuzzProviderBytes(f *testing.F) {
-	bases := providerFuzzBases(f)
-	l := bases[0].v.l
+	bases := append(providerFuzzBases(f, layout.Version2), providerFuzzBases(f, layout.Version1)...)
 	// Seeds: one change in each kind of region, for each base.
-	targets := []int64{
-		l.JournalOffset() + 100,
-		l.JournalOffset() + l.JournalSlotLen() + 8,
-		l.BlockPos(0) + 5,
-		l.BlockPos(1) + int64(l.MetaBlockSize()) - 3,
-		l.NodePos(1, 0) + 40,
-		l.NodePos(2, 0) + 1,
-		l.DataPos(3) + 17,
-		l.DataPos(fuzzSectors - 20), // in the last round of the crashed bases
-		l.DataPos(l.Sectors-1) + 511,
-	}
 	for b := range bases {
+		l := bases[b].v.l
+		targets := []int64{
+			l.JournalOffset() + 100,
+			l.JournalOffset() + l.JournalSlotLen() + 8,
+			l.BlockPos(0) + 5,
+			l.BlockPos(1) + int64(l.MetaBlockSize()) - 3,
+			l.DataPos(3) + 17,
+			l.DataPos(fuzzSectors - 20), // in the last round of the crashed bases
+			l.DataPos(l.Sectors-1) + 511,
+		}
+		if l.Version >= layout.Version2 {
+			targets = append(targets, l.NodePos(1, 0)+40, l.NodePos(2, 0)+1)
+		}
 		f.Add([]byte{byte(b)})
 		for op := range byte(4) {
 			for _, off := range targets {
@@ -111,15 +114,18 @@ type providerFuzzBase struct {
 	truth [][]byte // sector i's value, as the untouched image reads
 	gen   uint64   // the generation the untouched image opens at
 	dir   string   // in tmpfs, for the changed images
+	// earlier holds, in format version 1, the values any sector held before its truth
+	// (indexed by sector, then version); nil in version 2, which serves only the truth.
+	earlier [][][]byte
 }
 
 var fuzzFileSeq atomic.Uint64
 
 const fuzzSectors = 102 * 20 // 20 groups under one tree node of each level
 
-func providerFuzzBases(f testing.TB) []providerFuzzBase {
+func providerFuzzBases(f testing.TB, version uint32) []providerFuzzBase {
 	f.Helper()
-	v := newTestVolVersion(f, layout.Version2, sector.ModeXChaCha20Poly1305, 512, fuzzSectors)
+	v := newTestVolVersion(f, version, sector.ModeXChaCha20Poly1305, 512, fuzzSectors)
 	v.cfg.Logger = discardLogger()
 	s := v.l.SectorSize
 	pattern := func(tag byte) []byte {
@@ -184,6 +190,21 @@ func providerFuzzBases(f testing.TB) []providerFuzzBase {
 	for k := range bases {
 		b := &bases[k]
 		b.v, b.older, b.dir = v, first, dir
+		if version == layout.Version1 {
+			// Zeroes (a zeroed record reads as never written) and every pattern,
+			// whichever sectors it went to: a sector never holds another sector's
+			// value, so this is hardly looser than each one's own history.
+			b.earlier = make([][][]byte, fuzzSectors)
+			for i := range b.earlier {
+				b.earlier[i] = [][]byte{make([]byte, s)}
+			}
+			for _, tag := range []byte{0x11, 0x22, 0x33, 0x44} {
+				p := pattern(tag)
+				for i := range b.earlier {
+					b.earlier[i] = append(b.earlier[i], p[i*s:(i+1)*s])
+				}
+			}
+		}
 		d, err := Open(&memProvider{data: bytes.Clone(b.img)}, v.cfg)
 		if err != nil {
 			f.Fatalf("base %d: %v", k, err)
@@ -223,7 +244,7 @@ func (b *providerFuzzBase) check(t *testing.T, img []byte, tag byte) {
 	ro := cfg
 	ro.ReadOnly = true
 	if d, err := Open(&memProvider{data: img}, ro); err == nil {
-		checkSectors(t, "opened read-only", d, want, alt, nil)
+		checkSectors(t, "opened read-only", d, want, alt, b.earlier, nil)
 		d.Close()
 	}
 
@@ -243,7 +264,7 @@ func (b *providerFuzzBase) check(t *testing.T, img []byte, tag byte) {
 	if err != nil {
 		return // refused: nothing served
 	}
-	checkSectors(t, "opened", d, want, alt, nil)
+	checkSectors(t, "opened", d, want, alt, b.earlier, nil)
 
 	// Writes over a few sectors spread over the groups; those that succeed, with the
 	// flush after them, must read back now and after a reopen.
@@ -267,7 +288,7 @@ func (b *providerFuzzBase) check(t *testing.T, img []byte, tag byte) {
 	} else {
 		clear(alt)
 	}
-	checkSectors(t, "written", d, want, alt, written)
+	checkSectors(t, "written", d, want, alt, b.earlier, written)
 	if d.Close() != nil {
 		return
 	}
@@ -276,13 +297,14 @@ func (b *providerFuzzBase) check(t *testing.T, img []byte, tag byte) {
 	if err != nil {
 		t.Fatalf("the first open and the close succeeded, the reopen fails: %v", err)
 	}
-	checkSectors(t, "reopened", d, want, alt, written)
+	checkSectors(t, "reopened", d, want, alt, b.earlier, written)
 	d.Close()
 }
 
-// checkSectors asserts that every sector i of d reads want[i] or alt[i] (when not nil),
-// or fails with EIO; the sectors in written must not fail.
-func checkSectors(t *testing.T, when string, d *Device, want, alt [][]byte, written map[int]bool) {
+// checkSectors asserts that every sector i of d reads want[i] or alt[i] (when not nil), or
+// one of earlier[i] (when earlier is not nil) unless i is in written, or fails with EIO;
+// the sectors in written must not fail.
+func checkSectors(t *testing.T, when string, d *Device, want, alt [][]byte, earlier [][][]byte, written map[int]bool) {
 	t.Helper()
 	s := d.SectorSize()
 	got := make([]byte, s)
@@ -296,7 +318,9 @@ func checkSectors(t *testing.T, when string, d *Device, want, alt [][]byte, writ
 			if written[i] {
 				t.Fatalf("%s: sector %d was written and flushed but fails: %v", when, i, err)
 			}
-		case !bytes.Equal(got, want[i]) && (alt[i] == nil || !bytes.Equal(got, alt[i])):
+		case bytes.Equal(got, want[i]), alt[i] != nil && bytes.Equal(got, alt[i]):
+		case earlier != nil && !written[i] && slices.ContainsFunc(earlier[i], func(e []byte) bool { return bytes.Equal(got, e) }):
+		default:
 			t.Fatalf("%s: sector %d reads a value it does not hold", when, i)
 		}
 	}
