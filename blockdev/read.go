@@ -96,11 +96,17 @@ func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 			// Each chunk reads its sectors from the provider and opens them at once, while
 			// they are still in this core's cache; a failure to open is only noted here,
 			// since a commit may have rewritten the sector under the read.
-			err = a.workers.runRead(n, a.chunkSectors, func(lo, hi int) error {
-				bad, err := a.readOpen(dst, first, src, recs, lo, hi)
+			if n <= a.chunkSectors { // as in sealInsert: no pool, no closure
+				var bad []uint64
+				bad, err = a.readOpen(dst, first, src, recs, 0, n)
 				rs.noteBad(bad)
-				return err
-			})
+			} else {
+				err = a.workers.runRead(n, a.chunkSectors, func(lo, hi int) error {
+					bad, err := a.readOpen(dst, first, src, recs, lo, hi)
+					rs.noteBad(bad)
+					return err
+				})
+			}
 		}
 		ok := false
 		if err == nil {

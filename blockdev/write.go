@@ -53,10 +53,16 @@ func (a *authEngine) sealInsert(sl *slab, base int, p []byte, first uint64, n in
 	recs := *rp
 	s := a.s
 	dst := sl.buf[base : base+n*s]
-	a.workers.run(n, a.chunkSectors, func(lo, hi int) error {
-		a.runs.SealRunMeta(first+uint64(lo), dst[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
-		return nil
-	})
+	if n <= a.chunkSectors {
+		// One chunk needs no pool, and this path no closure, which would escape to
+		// the heap on every small write.
+		a.runs.SealRunMeta(first, dst, p[:n*s], recordBytes(recs))
+	} else {
+		a.workers.run(n, a.chunkSectors, func(lo, hi int) error {
+			a.runs.SealRunMeta(first+uint64(lo), dst[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
+			return nil
+		})
+	}
 	a.locks.lock(first, uint64(n))
 	seq := a.insert(first, n, sl, base, recs, cost)
 	a.locks.unlock(first, uint64(n))
