@@ -108,7 +108,7 @@ func TestVMKernelDevice(t *testing.T) {
 
 	// A hang guard, not a timing assertion (the guest has its own, shorter one): a boot
 	// and the whole script take about a minute under TCG on an idle machine.
-	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, qemu,
 		"-accel", "tcg", "-m", "1536", "-smp", "2", "-nographic", "-no-reboot",

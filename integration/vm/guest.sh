@@ -15,8 +15,11 @@ export ELI_STATE_DIR=/run/eli
 r() { echo "ELI-RESULT $*"; }
 fin() { r done; sync; poweroff -f; sleep 60; }
 trap fin EXIT
-# A hang guard: whatever wedges, the VM powers off and the test reports what it saw.
-(sleep 300; echo "ELI-RESULT watchdog fired"; dmesg | tail -30; poweroff -f) &
+# A hang guard: whatever wedges, the VM powers off and the test reports what it saw. The
+# script takes about a minute; 420 s leaves room for a host whose other tenants starve
+# the vCPUs (a CI run in a slow stretch once failed here with the guest reporting soft
+# lockups, which is a vCPU not run for 20 s).
+(sleep 420; echo "ELI-RESULT watchdog fired"; dmesg | tail -30; poweroff -f) &
 
 for m in $(cat /lib/eli-modules/order); do
 	insmod "/lib/eli-modules/$m" || r insmod_failed "$m"
