@@ -26,7 +26,7 @@ const socketBuffer = 4 << 20
 type conn struct {
 	s      *Server
 	nc     net.Conn // as accepted
-	rw     net.Conn // nc, or the TLS session over it after NBD_OPT_STARTTLS
+	rw     net.Conn // nc through rawConn, or the TLS session over it after NBD_OPT_STARTTLS
 	log    *slog.Logger
 	start  time.Time
 	remote string // for the log
@@ -80,7 +80,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{
 		s:      s,
 		nc:     nc,
-		rw:     nc,
+		rw:     newRawConn(nc),
 		start:  time.Now(),
 		done:   make(chan struct{}),
 		local:  newLimiter(s.maxInFlightPerConn(), s.maxBytesPerConn()),
@@ -100,7 +100,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		uc.SetWriteBuffer(socketBuffer)
 		uc.SetReadBuffer(socketBuffer)
 	}
-	c.out.w = nc
+	c.out.w = c.rw
 	c.out.dl = nc
 	c.out.deadline = s.transferDeadline
 	c.out.slack = orDefault(s.IOTimeout, DefaultIOTimeout) / 2

@@ -298,7 +298,7 @@ func (c *conn) startTLS(data []byte) error {
 	if err := c.optReply(opt, nbdproto.RepAck, nil); err != nil {
 		return err
 	}
-	tc := tls.Server(c.nc, c.s.tls)
+	tc := tls.Server(c.rw, c.s.tls)
 	// The connection's handshake deadline still bounds the TLS handshake.
 	if err := tc.HandshakeContext(context.Background()); err != nil {
 		return &protocolError{"TLS handshake failed: " + err.Error()}

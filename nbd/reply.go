@@ -53,9 +53,14 @@ func (o *replyWriter) send(hdr, data []byte) error {
 	o.pending = append(o.pending, hdr...)
 	if len(data) > inlineData {
 		o.vec[0], o.vec[1] = o.pending, data
-		bufs := net.Buffers(o.vec[:])
 		o.setDeadline(len(o.pending) + len(data))
-		_, err := bufs.WriteTo(o.w)
+		var err error
+		if vw, ok := o.w.(buffersWriter); ok {
+			_, err = vw.WriteBuffers(o.vec[:])
+		} else {
+			bufs := net.Buffers(o.vec[:])
+			_, err = bufs.WriteTo(o.w)
+		}
 		o.vec[0], o.vec[1] = nil, nil
 		o.pending = o.pending[:0]
 		o.err = err
@@ -69,6 +74,11 @@ func (o *replyWriter) send(hdr, data []byte) error {
 		o.err = err
 	}
 	return o.err
+}
+
+// buffersWriter writes several buffers in one system call (rawConn).
+type buffersWriter interface {
+	WriteBuffers(bufs [][]byte) (int64, error)
 }
 
 func (o *replyWriter) setDeadline(n int) {

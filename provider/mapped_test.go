@@ -344,3 +344,58 @@ func TestMappedResidentRegions(t *testing.T) {
 		t.Fatalf("%d bytes allocated, want at most %d: reading the punched hole allocated it", st.Blocks*512, want)
 	}
 }
+
+// TestRawPwrite: on tmpfs, WriteAt is a raw pwrite (rawPwriter) with os.File's contract:
+// every byte where it belongs, across pieces of rawPiece; a negative offset refused; after
+// Close an error, never a write through a descriptor number reused since. Elsewhere
+// WriteAt stays os.File's.
+func TestRawPwrite(t *testing.T) {
+	t.Parallel()
+	const size = 3*rawPiece + 4096
+	path := shmFile(t, size)
+	p := openMapped(t, path)
+	if p.raw == nil {
+		t.Fatal("a file on tmpfs does not write with raw pwrite")
+	}
+	want := make([]byte, size)
+	data := bytes.Repeat([]byte("0123456789abcdef"), (2*rawPiece+300)/16)
+	copy(want[100:], data)
+	if n, err := p.WriteAt(data, 100); err != nil || n != len(data) {
+		t.Fatalf("WriteAt = %d, %v", n, err)
+	}
+	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the file does not hold what was written (%v)", err)
+	}
+	if n, err := p.WriteAt([]byte("x"), -1); err == nil || n != 0 {
+		t.Fatalf("WriteAt at -1 = %d, %v", n, err)
+	}
+
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	other := shmFile(t, 4096) // likely to take the closed descriptor's number
+	o, err := os.OpenFile(other, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if _, err := p.WriteAt([]byte("late"), 0); err == nil {
+		t.Fatal("WriteAt after Close succeeded")
+	}
+	if got, _ := os.ReadFile(other); !bytes.Equal(got, make([]byte, 4096)) {
+		t.Fatal("a write after Close reached another file")
+	}
+
+	var st unix.Statfs_t
+	dir := t.TempDir()
+	if unix.Statfs(dir, &st) == nil && st.Type != unix.TMPFS_MAGIC {
+		q, err := Open(fileIn(t, dir, 4096), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer q.Close()
+		if q.raw != nil {
+			t.Fatal("a file outside tmpfs writes with raw pwrite")
+		}
+	}
+}

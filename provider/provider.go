@@ -147,6 +147,7 @@ type File struct {
 	resident []atomic.Uint64 // a bit per residentRegion of mem known in memory (mapped.go)
 	probes   atomic.Uint64   // reads that asked mincore, to probe whole regions now and then
 	punches  atomic.Uint64   // punches begun, so that a probe does not outlive one
+	raw      *rawPwriter     // on tmpfs: WriteAt's raw pwrite (mapped.go); nil elsewhere
 }
 
 // Open opens path for reading, and for writing unless readOnly. It does not lock.
@@ -241,8 +242,14 @@ func (p *File) ReadAt(b []byte, off int64) (int, error) {
 // ReadOnce is pread, also where the file is mapped (OnceReader).
 func (p *File) ReadOnce(b []byte, off int64) (int, error) { return p.f.ReadAt(b, off) }
 
-// WriteAt is pwrite, also where the file is mapped: see mapped.go for why.
-func (p *File) WriteAt(b []byte, off int64) (int, error) { return p.f.WriteAt(b, off) }
+// WriteAt is pwrite, also where the file is mapped: see mapped.go for why (and, on
+// tmpfs, for why a raw one).
+func (p *File) WriteAt(b []byte, off int64) (int, error) {
+	if p.raw != nil {
+		return p.raw.WriteAt(b, off)
+	}
+	return p.f.WriteAt(b, off)
+}
 
 // Sync uses fdatasync: eli never depends on file metadata other than the size, which
 // Extend syncs itself.
