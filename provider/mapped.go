@@ -1,13 +1,10 @@
 package provider
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -73,7 +70,7 @@ func (p *File) mapIfTmpfs() {
 	}
 	if p.raw == nil {
 		if rc, err := p.f.SyscallConn(); err == nil {
-			p.raw = newRawPwriter(rc, p.path)
+			p.raw = newRawFile(rc, p.path)
 		}
 	}
 	mem, err := unix.Mmap(fd, 0, int(p.size), unix.PROT_READ, unix.MAP_SHARED)
@@ -251,79 +248,4 @@ func (p *File) inMapping(addr uintptr) bool {
 		return m != nil && addr >= base && addr-base < uintptr(len(m))
 	}
 	return in(p.mem) || in(p.wmem)
-}
-
-// rawPwriter writes a file on tmpfs with raw pwrite system calls, which the Go runtime
-// is not told of. On tmpfs a write is a copy into memory and never waits for a disk.
-// Told of each one, the runtime takes the thread's processor away from a write that
-// lasts past its monitor's next tick (20 µs: a 256 KiB write does) and wakes its monitor
-// thread whenever a write starts while the process was idle; the monitor then polls
-// every 20 µs for a millisecond or more, and on a VM each of its sleeps costs a
-// hypervisor exit. Writes are cut into pieces of rawPiece, so that one never holds its
-// processor much longer than the runtime would let a goroutine run unchecked anyway.
-// (Where tmpfs must first reclaim memory, a write may sleep while holding its
-// processor: the other processors go on.) nbd's rawConn does the same for the socket;
-// docs/benchmarks.md ("Measurements behind design choices") has what the two saved.
-type rawPwriter struct {
-	rc   syscall.RawConn
-	path string
-	ops  sync.Pool // of *rawPwrite, each with its callback bound once
-}
-
-const rawPiece = 1 << 20
-
-func newRawPwriter(rc syscall.RawConn, path string) *rawPwriter {
-	w := &rawPwriter{rc: rc, path: path}
-	w.ops.New = func() any {
-		op := new(rawPwrite)
-		op.fn = op.do
-		return op
-	}
-	return w
-}
-
-// WriteAt is os.File.WriteAt's contract: all of b is written, or an error says why not.
-func (w *rawPwriter) WriteAt(b []byte, off int64) (int, error) {
-	if off < 0 {
-		return 0, &os.PathError{Op: "writeat", Path: w.path, Err: errors.New("negative offset")}
-	}
-	op := w.ops.Get().(*rawPwrite)
-	op.b, op.off, op.n, op.errno = b, off, 0, 0
-	err := w.rc.Control(op.fn) // keeps the descriptor open while op.fn runs
-	n, errno := op.n, op.errno
-	op.b = nil
-	w.ops.Put(op)
-	if err == nil && errno != 0 {
-		err = errno
-	}
-	if err != nil {
-		return n, &os.PathError{Op: "write", Path: w.path, Err: err}
-	}
-	return n, nil
-}
-
-type rawPwrite struct {
-	b     []byte
-	off   int64
-	n     int
-	errno syscall.Errno
-	fn    func(fd uintptr)
-}
-
-func (op *rawPwrite) do(fd uintptr) {
-	for op.n < len(op.b) {
-		piece := op.b[op.n:min(len(op.b), op.n+rawPiece)]
-		m, _, e := syscall.RawSyscall6(syscall.SYS_PWRITE64, fd, uintptr(unsafe.Pointer(&piece[0])), uintptr(len(piece)), uintptr(op.off+int64(op.n)), 0, 0)
-		switch {
-		case e == syscall.EINTR:
-		case e != 0:
-			op.errno = e
-			return
-		case m == 0:
-			op.errno = syscall.EIO // no progress and no error: never loop on it
-			return
-		default:
-			op.n += int(m)
-		}
-	}
 }

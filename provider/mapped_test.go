@@ -345,17 +345,17 @@ func TestMappedResidentRegions(t *testing.T) {
 	}
 }
 
-// TestRawPwrite: on tmpfs, WriteAt is a raw pwrite (rawPwriter) with os.File's contract:
-// every byte where it belongs, across pieces of rawPiece; a negative offset refused; after
-// Close an error, never a write through a descriptor number reused since. Elsewhere
-// WriteAt stays os.File's.
-func TestRawPwrite(t *testing.T) {
+// TestRawFile: on tmpfs, WriteAt, ReadOnce and Sync are raw system calls (rawFile) with
+// os.File's contract: every byte where it belongs, across pieces of rawPiece; io.EOF at
+// the end; a negative offset refused; after Close an error, never a write through a
+// descriptor number reused since. Elsewhere they stay os.File's.
+func TestRawFile(t *testing.T) {
 	t.Parallel()
 	const size = 3*rawPiece + 4096
 	path := shmFile(t, size)
 	p := openMapped(t, path)
 	if p.raw == nil {
-		t.Fatal("a file on tmpfs does not write with raw pwrite")
+		t.Fatal("a file on tmpfs does not use raw system calls")
 	}
 	want := make([]byte, size)
 	data := bytes.Repeat([]byte("0123456789abcdef"), (2*rawPiece+300)/16)
@@ -363,8 +363,18 @@ func TestRawPwrite(t *testing.T) {
 	if n, err := p.WriteAt(data, 100); err != nil || n != len(data) {
 		t.Fatalf("WriteAt = %d, %v", n, err)
 	}
+	if err := p.Sync(); err != nil {
+		t.Fatal(err)
+	}
 	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("the file does not hold what was written (%v)", err)
+	}
+	got := make([]byte, len(data))
+	if n, err := p.ReadOnce(got, 100); err != nil || n != len(got) || !bytes.Equal(got, data) {
+		t.Fatalf("ReadOnce = %d, %v (equal %v)", n, err, bytes.Equal(got, data))
+	}
+	if n, err := p.ReadOnce(got[:10], size-4); n != 4 || err != io.EOF {
+		t.Fatalf("ReadOnce across the end = %d, %v, want 4, io.EOF", n, err)
 	}
 	if n, err := p.WriteAt([]byte("x"), -1); err == nil || n != 0 {
 		t.Fatalf("WriteAt at -1 = %d, %v", n, err)
@@ -382,6 +392,12 @@ func TestRawPwrite(t *testing.T) {
 	if _, err := p.WriteAt([]byte("late"), 0); err == nil {
 		t.Fatal("WriteAt after Close succeeded")
 	}
+	if _, err := p.ReadOnce(got[:4], 0); err == nil {
+		t.Fatal("ReadOnce after Close succeeded")
+	}
+	if err := p.Sync(); err == nil {
+		t.Fatal("Sync after Close succeeded")
+	}
 	if got, _ := os.ReadFile(other); !bytes.Equal(got, make([]byte, 4096)) {
 		t.Fatal("a write after Close reached another file")
 	}
@@ -395,7 +411,7 @@ func TestRawPwrite(t *testing.T) {
 		}
 		defer q.Close()
 		if q.raw != nil {
-			t.Fatal("a file outside tmpfs writes with raw pwrite")
+			t.Fatal("a file outside tmpfs uses raw system calls")
 		}
 	}
 }

@@ -147,7 +147,7 @@ type File struct {
 	resident []atomic.Uint64 // a bit per residentRegion of mem known in memory (mapped.go)
 	probes   atomic.Uint64   // reads that asked mincore, to probe whole regions now and then
 	punches  atomic.Uint64   // punches begun, so that a probe does not outlive one
-	raw      *rawPwriter     // on tmpfs: WriteAt's raw pwrite (mapped.go); nil elsewhere
+	raw      *rawFile        // on tmpfs: raw pread, pwrite and fdatasync (rawio.go); nil elsewhere
 }
 
 // Open opens path for reading, and for writing unless readOnly. It does not lock.
@@ -236,14 +236,19 @@ func (p *File) ReadAt(b []byte, off int64) (int, error) {
 	if n, ok, err := p.readMapped(b, off); ok {
 		return n, err
 	}
-	return p.f.ReadAt(b, off)
+	return p.ReadOnce(b, off)
 }
 
 // ReadOnce is pread, also where the file is mapped (OnceReader).
-func (p *File) ReadOnce(b []byte, off int64) (int, error) { return p.f.ReadAt(b, off) }
+func (p *File) ReadOnce(b []byte, off int64) (int, error) {
+	if p.raw != nil {
+		return p.raw.ReadAt(b, off)
+	}
+	return p.f.ReadAt(b, off)
+}
 
-// WriteAt is pwrite, also where the file is mapped: see mapped.go for why (and, on
-// tmpfs, for why a raw one).
+// WriteAt is pwrite, also where the file is mapped: see mapped.go for why (and
+// rawio.go for why a raw one on tmpfs).
 func (p *File) WriteAt(b []byte, off int64) (int, error) {
 	if p.raw != nil {
 		return p.raw.WriteAt(b, off)
@@ -254,6 +259,12 @@ func (p *File) WriteAt(b []byte, off int64) (int, error) {
 // Sync uses fdatasync: eli never depends on file metadata other than the size, which
 // Extend syncs itself.
 func (p *File) Sync() error {
+	if p.raw != nil {
+		if err := p.raw.Sync(); err != nil {
+			return fmt.Errorf("sync provider: %w", err)
+		}
+		return nil
+	}
 	for {
 		err := unix.Fdatasync(int(p.f.Fd()))
 		if err != unix.EINTR {
