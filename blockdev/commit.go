@@ -56,15 +56,12 @@ func (a *authEngine) committer() {
 			a.commitMu.Lock()
 			err := a.markCompleted()
 			a.commitMu.Unlock()
-			a.mu.Lock()
 			if err != nil {
+				a.mu.Lock()
 				a.failLocked(a.committed, err)
 				a.mu.Unlock()
 				return
 			}
-			a.durable = a.committed
-			a.cond.Broadcast()
-			a.mu.Unlock()
 			continue
 		}
 		b := a.pending
@@ -149,7 +146,7 @@ func (a *authEngine) markCompleted() error {
 	if err := a.writeJournal2(nil); err != nil {
 		return err
 	}
-	a.setFresh()
+	a.slotDurable()
 	return nil
 }
 

@@ -417,14 +417,7 @@ func (c *core) forSectors(p []byte, off int64, whole func(p []byte, first uint64
 
 // WriteAt writes p at off. With FUA the write is durable when WriteAt returns.
 func (d *Device) WriteAt(p []byte, off int64, flags Flags) error {
-	if err := d.enter(true); err != nil {
-		return err
-	}
-	defer d.leave()
-	if err := d.check(off, int64(len(p)), true); err != nil {
-		return err
-	}
-	return d.eng.writeAt(p, off, flags)
+	return d.write(p, off, flags, nil)
 }
 
 // WriteKeep is WriteAt for a caller that gives p up until done is called (nbd.Keeper):
@@ -434,21 +427,32 @@ func (d *Device) WriteAt(p []byte, off int64, flags Flags) error {
 // once p is no longer used, before WriteKeep returns or after; if the device fails and
 // keeps its batches for reads, never.
 func (d *Device) WriteKeep(p []byte, off int64, flags Flags, done func()) error {
-	if err := d.enter(true); err != nil {
+	return d.write(p, off, flags, done)
+}
+
+// write is WriteAt, or with done WriteKeep. done is called on every path that does not
+// hand p to the batch.
+func (d *Device) write(p []byte, off int64, flags Flags, done func()) error {
+	a, keeps := d.eng.(*authEngine)
+	if done != nil && !keeps {
+		defer done() // this engine only reads p
+		done = nil
+	}
+	err := d.enter(true)
+	if err == nil {
+		defer d.leave()
+		err = d.check(off, int64(len(p)), true)
+	}
+	switch {
+	case err != nil && done != nil:
 		done()
-		return err
+	case err != nil:
+	case done != nil:
+		err = a.writeKeep(p, off, flags, done)
+	default:
+		err = d.eng.writeAt(p, off, flags)
 	}
-	defer d.leave()
-	if err := d.check(off, int64(len(p)), true); err != nil {
-		done()
-		return err
-	}
-	a, ok := d.eng.(*authEngine)
-	if !ok {
-		defer done()
-		return d.eng.writeAt(p, off, flags)
-	}
-	return a.writeKeep(p, off, flags, done)
+	return err
 }
 
 // WriteZeroes makes [off, off+length) read as zeroes. In authenticated modes whole sectors

@@ -59,7 +59,8 @@ import (
 // pread would return EIO or a short read.
 
 // mapIfTmpfs maps the file if it is a non-empty regular file on tmpfs: for reading, and a
-// second time for writing if the file is open for writing. Where that does not apply, or
+// second time for writing if the file is open for writing. Such a file's reads, writes
+// and syncs that are not copies through the mapping are raw system calls (rawio.go). Where that does not apply, or
 // mapping fails, the file keeps to pread and pwrite: the mapping is only ever a faster
 // way to the same bytes.
 func (p *File) mapIfTmpfs() {

@@ -342,15 +342,7 @@ func (v *Volume) ReadAt(p []byte, off int64) error {
 }
 
 func (v *Volume) WriteAt(p []byte, off int64, f nbd.Flags) error {
-	v.writes.Add(1)
-	if err := v.checkFence(); err != nil {
-		return err
-	}
-	err := v.dev.WriteAt(p, off, devFlags(f)|v.fua)
-	if err == nil {
-		v.bytesWritten.Add(uint64(len(p)))
-	}
-	return v.note(err, true)
+	return v.write(p, off, f, nil)
 }
 
 var _ nbd.Keeper = (*Volume)(nil)
@@ -358,12 +350,24 @@ var _ nbd.Keeper = (*Volume)(nil)
 // WriteKeep is WriteAt for the NBD server's own payload buffers (nbd.Keeper): the device
 // seals them in place and keeps them until their batch is committed.
 func (v *Volume) WriteKeep(p []byte, off int64, f nbd.Flags, done func()) error {
+	return v.write(p, off, f, done)
+}
+
+// write is WriteAt, or with done WriteKeep.
+func (v *Volume) write(p []byte, off int64, f nbd.Flags, done func()) error {
 	v.writes.Add(1)
 	if err := v.checkFence(); err != nil {
-		done()
+		if done != nil {
+			done()
+		}
 		return err
 	}
-	err := v.dev.WriteKeep(p, off, devFlags(f)|v.fua, done)
+	var err error
+	if done != nil {
+		err = v.dev.WriteKeep(p, off, devFlags(f)|v.fua, done)
+	} else {
+		err = v.dev.WriteAt(p, off, devFlags(f)|v.fua)
+	}
 	if err == nil {
 		v.bytesWritten.Add(uint64(len(p)))
 	}
