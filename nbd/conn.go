@@ -60,6 +60,15 @@ type conn struct {
 	wrote    atomic.Bool // a write-type request ran, so a final flush is due
 
 	requests, failed atomic.Uint64
+
+	// Running small requests in the reader (inline.go).
+	busy        atomic.Int32 // requests running outside the reader
+	inlining    atomic.Int32 // inlineNone, inlineRunning or inlineHandedOn
+	inlineOff   int          // the reader's: eligible requests to hand to workers still
+	handOn      *time.Timer  // hands reading on when an inline request runs long
+	watching    atomic.Bool  // handOn is armed
+	inlineStart atomic.Int64 // when the reader's inline request started, since start
+	readEnd     chan readEnd // the reason the last reader ended, after hand-ons
 }
 
 // request is one transmission-phase request; its buf holds the WRITE payload or the READ
@@ -180,13 +189,22 @@ func (c *conn) abort() {
 func (c *conn) closeDone() { c.doneOnce.Do(func() { close(c.done) }) }
 
 // transmit runs the transmission phase: it reads requests until the client leaves, the
-// protocol breaks or the server stops, then waits for the requests in flight, flushes
-// the backend if anything was written, and closes.
+// protocol breaks or the server stops (here, or in the goroutines it hands the reading on
+// to: inline.go), then waits for the requests in flight, flushes the backend if anything
+// was written, and closes.
 func (c *conn) transmit() (string, slog.Level) {
 	c.out.w = c.rw
 	c.work = make(chan *request)
 	br := bufio.NewReaderSize(c.rw, readBufSize)
-	reason, level := c.readLoop(br)
+	c.readEnd = make(chan readEnd, 1)
+	c.handOn = time.AfterFunc(time.Hour, func() { c.checkInline(br) })
+	c.handOn.Stop()
+	reason, level, handedOn := c.readLoop(br)
+	if handedOn {
+		end := <-c.readEnd
+		reason, level = end.reason, end.level
+	}
+	c.handOn.Stop()
 	close(c.work)
 	c.workers.Wait()
 	if c.wrote.Load() {
@@ -204,7 +222,7 @@ func (c *conn) transmit() (string, slog.Level) {
 // ends the connection: it is more likely a desynchronised stream than a request.
 const maxSkip = 256 << 20
 
-func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
+func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, handedOn bool) {
 	var h [nbdproto.ExtendedRequestLen]byte
 	hlen, magic := nbdproto.RequestHeaderLen, uint32(nbdproto.MagicRequest)
 	if c.extended {
@@ -212,7 +230,7 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 	}
 	for {
 		if _, err := io.ReadFull(br, h[:hlen]); err != nil {
-			return c.readFailure(err, true)
+			return ended(c.readFailure(err, true))
 		}
 		r := request{
 			flags:  binary.BigEndian.Uint16(h[4:]),
@@ -226,10 +244,10 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			r.length = uint64(binary.BigEndian.Uint32(h[24:]))
 		}
 		if m := binary.BigEndian.Uint32(h[0:]); m != magic {
-			return fmt.Sprintf("protocol error: bad request magic %#08x", m), slog.LevelWarn
+			return fmt.Sprintf("protocol error: bad request magic %#08x", m), slog.LevelWarn, false
 		}
 		if r.typ == nbdproto.CmdDisc {
-			return "client disconnected", slog.LevelInfo
+			return "client disconnected", slog.LevelInfo, false
 		}
 		c.requests.Add(1)
 		// The bytes that follow the header: a WRITE's data, or with extended headers
@@ -241,13 +259,13 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 		if payload > maxSkip {
 			// proto.md lets the server treat such a length as a denial of service and
 			// disconnect.
-			return fmt.Sprintf("protocol error: %s with a %d-byte payload exceeds the %d-byte limit", cmdName(r.typ), payload, uint64(maxSkip)), slog.LevelWarn
+			return fmt.Sprintf("protocol error: %s with a %d-byte payload exceeds the %d-byte limit", cmdName(r.typ), payload, uint64(maxSkip)), slog.LevelWarn, false
 		}
 		if code, msg := c.check(&r); code != 0 {
 			if payload > 0 {
 				// Take the payload off the wire without holding it.
 				if err := c.skipPayload(br, int64(payload)); err != nil {
-					return c.payloadFailure(err, &r)
+					return ended(c.payloadFailure(err, &r))
 				}
 			}
 			c.failed.Add(1)
@@ -270,7 +288,7 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			}
 		}
 		if !acquired && c.unread.Load() {
-			return "server handing over", slog.LevelInfo
+			return "server handing over", slog.LevelInfo, false
 		}
 		if !acquired {
 			// The server is stopping (or the connection is being torn down): refuse
@@ -278,7 +296,7 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 			// requests SHOULD be ESHUTDOWN"), rather than drop it unanswered.
 			if payload > 0 {
 				if err := c.skipPayload(br, int64(payload)); err != nil {
-					return c.payloadFailure(err, &r)
+					return ended(c.payloadFailure(err, &r))
 				}
 			}
 			c.failed.Add(1)
@@ -295,12 +313,21 @@ func (c *conn) readLoop(br *bufio.Reader) (string, slog.Level) {
 		if r.typ == nbdproto.CmdWrite && held > 0 {
 			if err := c.readPayload(br, *req.buf); err != nil {
 				c.release(req)
-				return c.payloadFailure(err, &r)
+				return ended(c.payloadFailure(err, &r))
 			}
+		}
+		if c.inlineOK(req, br) {
+			if !c.runInline(req) {
+				return "", 0, true
+			}
+			continue
 		}
 		c.dispatch(req)
 	}
 }
+
+// ended is a reason for readLoop's end, as readLoop returns it.
+func ended(reason string, level slog.Level) (string, slog.Level, bool) { return reason, level, false }
 
 // readPayload reads a WRITE's data, within the transfer deadline: the budget it holds
 // meanwhile must come back even if the client stops sending.
@@ -440,6 +467,7 @@ func cmdName(t uint16) string {
 // has fewer than its in-flight limit. Workers are reused rather than started per request,
 // which keeps the grown stacks of deep backends (crypto, I/O) warm.
 func (c *conn) dispatch(req *request) {
+	c.busy.Add(1)
 	select {
 	case c.work <- req:
 		return
@@ -457,6 +485,7 @@ func (c *conn) worker() {
 	defer c.workers.Done()
 	for req := range c.work {
 		c.handle(req)
+		c.busy.Add(-1)
 	}
 }
 
