@@ -13,9 +13,12 @@ import (
 // the goroutine that reads its requests and the worker that runs them: the worker must
 // be woken, often on another thread, and on a VM that wake costs more than a small
 // request's work (docs/benchmarks.md, "Measurements behind design choices"). So the
-// reader runs a small READ or WRITE itself when nothing else of the connection is in
-// flight and nothing more has arrived: the client is then waiting for this reply before
-// it sends again.
+// reader runs a small READ or WRITE, or a FLUSH, itself when nothing else of the
+// connection is in flight and nothing more has arrived: the client is then most likely
+// waiting for this reply before it sends again. A FLUSH (or a FUA write) waits for a
+// commit, which on a provider in memory takes less than the hand-off would add to it,
+// and a client that writes and flushes one request at a time (a database's commits)
+// pays two hand-offs per write otherwise.
 //
 // That is a guess about the client, and a client that does send more meanwhile must not
 // wait for a slow request: requests of one connection run concurrently and are answered
@@ -50,11 +53,11 @@ type readEnd struct {
 	level  slog.Level
 }
 
-// inlineOK reports whether the reader should run req itself: a READ or WRITE of at most
-// inlineMax bytes without FUA (which waits for a commit), with no other request of the
-// connection in flight and no further bytes received.
+// inlineOK reports whether the reader should run req itself: a FLUSH, or a READ or WRITE
+// of at most inlineMax bytes, with no other request of the connection in flight and no
+// further bytes received.
 func (c *conn) inlineOK(req *request, br *bufio.Reader) bool {
-	if (req.typ != nbdproto.CmdRead && req.typ != nbdproto.CmdWrite) || req.flags&nbdproto.CmdFlagFUA != 0 || req.length > inlineMax {
+	if (req.typ != nbdproto.CmdRead && req.typ != nbdproto.CmdWrite && req.typ != nbdproto.CmdFlush) || req.length > inlineMax {
 		return false
 	}
 	if c.inlineOff > 0 {

@@ -29,12 +29,17 @@ func TestInlineOneAtATime(t *testing.T) {
 		}
 		mustEqual(t, "read back", r.data, pattern(4096, byte(i)))
 	}
-	// A flush and a large write are never run inline.
+	// A flush and a FUA write run inline too; a large write, a trim and a zeroing do not.
 	rc.roundTrip(t, nbdproto.CmdFlush, 0, 0, 0, nil)
+	rc.roundTrip(t, nbdproto.CmdWrite, nbdproto.CmdFlagFUA, 0, 4096, pattern(4096, 1))
 	rc.roundTrip(t, nbdproto.CmdWrite, 0, 0, inlineMax+4096, make([]byte, inlineMax+4096))
-	// Nearly all: a request that arrives in pieces may find bytes buffered.
-	if got := s.inlined.Load(); got < 2*n*9/10 || got > 2*n {
-		t.Fatalf("%d of %d small requests sent one at a time ran in the reader; want nearly all, and no others", got, 2*n)
+	rc.roundTrip(t, nbdproto.CmdTrim, 0, 0, 4096, nil)
+	rc.roundTrip(t, nbdproto.CmdWriteZeroes, 0, 0, 4096, nil)
+	// All of them: the client sends nothing before the reply, so the reader never finds
+	// bytes of another request buffered, nor another request in flight.
+	const eligible = 2*n + 2
+	if got := s.inlined.Load(); got != eligible {
+		t.Fatalf("%d requests ran in the reader; want the %d eligible ones sent one at a time", got, eligible)
 	}
 	if got := s.handedOn.Load(); got != 0 {
 		t.Fatalf("%d hand-ons with a one-minute threshold", got)
