@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/elidisk/eli/blockdev"
 )
@@ -117,6 +118,7 @@ type witness struct {
 	latest  blockdev.Freshness // the newest flushed state reported
 	written uint64             // the generation the file holds (0: none written yet)
 	err     error              // the last write's failure, until a write succeeds
+	writes  int                // files written, for tests
 	kick    chan struct{}
 	done    chan struct{}
 	stopped chan struct{}
@@ -141,12 +143,29 @@ func (w *witness) record(gen uint64, root [32]byte) {
 	}
 }
 
+// witnessPace is the least time between two writes of the witness file. A client that
+// flushes after every write (a database's commits) flushes thousands of times a second,
+// and writing the witness each time, two fsyncs and a rename, cost a third of the
+// server's CPU on tmpfs (docs/benchmarks.md, "Measurements behind design choices") and
+// would double the flushes a disk sees. Paced, the witness lags the provider by at most
+// about witnessPace and one write of the file: the "last moments before a crash" whose
+// rollback goes unnoticed (docs/threat-model.md). Close writes the latest state at once.
+const witnessPace = 100 * time.Millisecond
+
 func (w *witness) run() {
 	defer close(w.stopped)
+	pace := time.NewTimer(witnessPace)
+	pace.Stop()
 	for {
 		select {
 		case <-w.kick:
-			w.flush()
+		case <-w.done:
+			return
+		}
+		w.flush()
+		pace.Reset(witnessPace)
+		select {
+		case <-pace.C:
 		case <-w.done:
 			return
 		}
@@ -174,6 +193,7 @@ func (w *witness) flush() error {
 		return err
 	}
 	w.written, w.err = f.Generation, nil
+	w.writes++
 	return nil
 }
 
