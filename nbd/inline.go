@@ -30,9 +30,11 @@ import (
 // at most one handOnAfter now and then, not on every request.
 
 const (
-	// inlineMax is the largest READ or WRITE the reader runs itself: a request whose
-	// work is short beside a hand-off, which costs tens of microseconds on a VM.
-	inlineMax = 64 << 10
+	// inlineMax is the largest READ or WRITE the reader runs itself. Up to here the
+	// hand-off it saves (tens of microseconds on a VM) is worth more than what a request
+	// sent meanwhile may wait: the inline request's own time, under a millisecond for
+	// 1 MiB on tmpfs (docs/benchmarks.md, "Measurements behind design choices").
+	inlineMax = 1 << 20
 	// handOnAfter is how long an inline request runs before the reading is handed on;
 	// the watch that notices it may take as long again.
 	handOnAfter = time.Millisecond

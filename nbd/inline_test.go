@@ -11,7 +11,7 @@ import (
 // small reads and writes run by the reader itself, and gets the right answers.
 func TestInlineOneAtATime(t *testing.T) {
 	t.Parallel()
-	mem := newMem(1 << 20)
+	mem := newMem(4 << 20)
 	s := oneExportServer(mem, nil)
 	s.handOnAfter = time.Minute // no hand-on however slow the race detector makes a request
 	path := serveUnix(t, s)
@@ -32,7 +32,9 @@ func TestInlineOneAtATime(t *testing.T) {
 	// A flush and a FUA write run inline too; a large write, a trim and a zeroing do not.
 	rc.roundTrip(t, nbdproto.CmdFlush, 0, 0, 0, nil)
 	rc.roundTrip(t, nbdproto.CmdWrite, nbdproto.CmdFlagFUA, 0, 4096, pattern(4096, 1))
-	rc.roundTrip(t, nbdproto.CmdWrite, 0, 0, inlineMax+4096, make([]byte, inlineMax+4096))
+	if r := rc.roundTrip(t, nbdproto.CmdWrite, 0, 0, inlineMax+4096, make([]byte, inlineMax+4096)); r.err != 0 {
+		t.Fatalf("large write: error %d", r.err)
+	}
 	rc.roundTrip(t, nbdproto.CmdTrim, 0, 0, 4096, nil)
 	rc.roundTrip(t, nbdproto.CmdWriteZeroes, 0, 0, 4096, nil)
 	// All of them: the client sends nothing before the reply, so the reader never finds
