@@ -62,7 +62,6 @@ type conn struct {
 	requests, failed atomic.Uint64
 
 	// Running small requests in the reader (inline.go).
-	busy        atomic.Int32 // requests running outside the reader
 	inlining    atomic.Int32 // inlineNone, inlineRunning or inlineHandedOn
 	inlineOff   int          // the reader's: eligible requests to hand to workers still
 	handOn      *time.Timer  // hands reading on when an inline request runs long
@@ -467,7 +466,6 @@ func cmdName(t uint16) string {
 // has fewer than its in-flight limit. Workers are reused rather than started per request,
 // which keeps the grown stacks of deep backends (crypto, I/O) warm.
 func (c *conn) dispatch(req *request) {
-	c.busy.Add(1)
 	select {
 	case c.work <- req:
 		return
@@ -485,7 +483,6 @@ func (c *conn) worker() {
 	defer c.workers.Done()
 	for req := range c.work {
 		c.handle(req)
-		c.busy.Add(-1)
 	}
 }
 

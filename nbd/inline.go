@@ -66,7 +66,7 @@ func (c *conn) inlineOK(req *request, br *bufio.Reader) bool {
 		c.inlineOff--
 		return false
 	}
-	return br.Buffered() == 0 && c.busy.Load() == 0
+	return br.Buffered() == 0 && c.local.held() == 1 // req's own slot
 }
 
 // runInline runs req in the reader. It reports whether this goroutine is still the
@@ -80,8 +80,7 @@ func (c *conn) runInline(req *request) bool {
 	if c.inlining.CompareAndSwap(inlineRunning, inlineNone) {
 		return true
 	}
-	c.busy.Add(-1) // takeOverReading counted this goroutine as a worker
-	c.workers.Done()
+	c.workers.Done() // takeOverReading counted this goroutine as a worker
 	return false
 }
 
@@ -124,8 +123,8 @@ func (c *conn) checkInline(br *bufio.Reader) {
 // request a worker that ends with it.
 func (c *conn) takeOverReading(br *bufio.Reader) {
 	// The goroutine left with the request is counted as a worker, for transmit to wait
-	// for, before this one can end the reading.
-	c.busy.Add(1)
+	// for, before this one can end the reading. (Its request holds its slot in c.local
+	// until it ends, so no request runs inline meanwhile.)
 	c.workers.Add(1)
 	c.s.handedOn.Add(1)
 	c.inlineOff = inlineBackoff

@@ -16,6 +16,7 @@ import "sync"
 // 64 MiB request is not starved by a stream of small ones.
 type limiter struct {
 	mu    sync.Mutex
+	total int // slots, free or not
 	slots int
 	bytes int64
 	queue []*waiter
@@ -46,7 +47,15 @@ type waiter struct {
 }
 
 func newLimiter(slots int, bytes int64) *limiter {
-	return &limiter{slots: slots, bytes: bytes}
+	return &limiter{total: slots, slots: slots, bytes: bytes}
+}
+
+// held is how many slots of the shared pool are taken: for a connection's limiter, which
+// has no reserves, how many of its requests are in flight.
+func (l *limiter) held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total - l.slots
 }
 
 // acquire takes one slot and n bytes, from res when it fits there (res may be nil), else
