@@ -61,13 +61,16 @@ type conn struct {
 
 	requests, failed atomic.Uint64
 
-	// Running small requests in the reader (inline.go).
-	inlining    atomic.Int32 // inlineNone, inlineRunning or inlineHandedOn
-	inlineOff   int          // the reader's: eligible requests to hand to workers still
-	handOn      *time.Timer  // hands reading on when an inline request runs long
-	watching    atomic.Bool  // handOn is armed
-	inlineStart atomic.Int64 // when the reader's inline request started, since start
-	readEnd     chan readEnd // the reason the last reader ended, after hand-ons
+	// Running requests in the reader (inline.go). inlined and handedOn count requests
+	// run so and hand-ons, for tests; per connection, so that no cache line is shared
+	// between connections on the request path.
+	inlined, handedOn atomic.Uint64
+	inlining          atomic.Int32 // inlineNone, inlineRunning or inlineHandedOn
+	inlineOff         int          // the reader's: eligible requests to hand to workers still
+	handOn            *time.Timer  // hands reading on when an inline request runs long
+	watching          atomic.Bool  // handOn is armed
+	inlineStart       atomic.Int64 // when the reader's inline request started, since start
+	readEnd           chan readEnd // the reason the last reader ended, after hand-ons
 }
 
 // request is one transmission-phase request; its buf holds the WRITE payload or the READ

@@ -72,7 +72,7 @@ func (c *conn) inlineOK(req *request, br *bufio.Reader) bool {
 // runInline runs req in the reader. It reports whether this goroutine is still the
 // reader: false if the request ran long and the reading was handed on meanwhile.
 func (c *conn) runInline(req *request) bool {
-	c.s.inlined.Add(1)
+	c.inlined.Add(1)
 	c.inlineStart.Store(int64(time.Since(c.start)))
 	c.inlining.Store(inlineRunning)
 	c.watch()
@@ -126,7 +126,7 @@ func (c *conn) takeOverReading(br *bufio.Reader) {
 	// for, before this one can end the reading. (Its request holds its slot in c.local
 	// until it ends, so no request runs inline meanwhile.)
 	c.workers.Add(1)
-	c.s.handedOn.Add(1)
+	c.handedOn.Add(1)
 	c.inlineOff = inlineBackoff
 	reason, level, handedOn := c.readLoop(br)
 	if !handedOn {

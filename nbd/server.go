@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -98,10 +97,8 @@ type Server struct {
 	// minRate overrides minTransferRate, and drainTime shutdownDrain, for tests.
 	minRate   int64
 	drainTime time.Duration
-	// handOnAfter overrides the constant of that name, for tests; inlined and handedOn
-	// count requests the readers ran themselves and hand-ons of reading (inline.go).
-	handOnAfter       time.Duration
-	inlined, handedOn atomic.Uint64
+	// handOnAfter overrides the constant of that name (inline.go), for tests.
+	handOnAfter time.Duration
 
 	initOnce sync.Once
 	initErr  error
