@@ -20,8 +20,9 @@ import (
 // read-modify-write under the sector's stripe lock, which every write takes to insert, so
 // no update is lost.
 //
-// One committer goroutine commits batches in order, each in rounds of journal, sync,
-// data and records in place, sync (commit.go). While a commit runs, the next batch may
+// Batches commit in order, one at a time, each in rounds of journal, sync, data and
+// records in place, sync (commit.go): in the committer goroutine, or in a Flush that
+// finds no commit running. While a commit runs, the next batch may
 // grow to MaxBatchBytes, beyond which writers wait, so memory stays bounded. The
 // metadata cache (metacache.go) holds metadata blocks within CacheBytes; a commit pins
 // the blocks of one round at a time, so rounds are also bounded by half the cache.
@@ -73,13 +74,18 @@ type authEngine struct {
 	blocked     int    // writers waiting for room in the pending batch
 	urgent      bool   // a Flush or FUA waits for the pending batch
 	stopping    bool
+	running     bool // a goroutine is committing (runLocked)
+	deferred    bool // the committer found work while running: poke it when done
+	asleep      bool // the committer waits for a poke, no timer armed
 	failed      error
 	fresh       Freshness // version 2: generation and root of the newest durable journal slot
 	kick        chan struct{}
 	done        chan struct{}
-	commitMu    sync.Mutex // held by the committer for a whole commit
+	commitMu    sync.Mutex // held for a whole commit
+	// For tests: how often the committer woke, and how many jobs flushes ran.
+	wakes, flushJobs uint64
 
-	// Committer-only state.
+	// State of the goroutine that is running a commit.
 	syncTime time.Duration // spent in syncs by the commit under way
 	dataOps  []dataOp
 	sortBuf  []ref // a batch's sectors in index order

@@ -11,101 +11,166 @@ import (
 	"github.com/elidisk/eli/blockdev/internal/tree"
 )
 
-// committer is the one goroutine that commits batches, in order, one at a time. A batch is
-// committed when it is due: a Flush or FUA write waits for it, writers wait for room, it
-// reached CommitBytes, CommitInterval passed since its first write, or Close.
+// Commits run one at a time, in order, in whichever goroutine finds one due: the
+// committer goroutine, or a Flush or FUA write that finds no commit running (waitDurable).
+// A flush that commits its own batch saves waking the committer and being woken back,
+// tens of microseconds each on a VM, which is most of a lone flush's time on fast storage.
+// running says that a goroutine is committing; the others wait for it.
+
+// A commitJob is what is due next.
+type commitJob int
+
+const (
+	jobNone   commitJob = iota
+	jobCommit           // commit the pending batch
+	jobMark             // write an empty journal slot that completes the last batch (version 2)
+	jobExit             // the device failed, or is closing with nothing left to do
+)
+
+// nextJobLocked says what is due, and for jobNone how long until the pending batch's
+// CommitInterval runs out (0: nothing pending). A batch is due when a Flush or FUA waits
+// for it, writers wait for room, it reached CommitBytes, CommitInterval passed since its
+// first write, or Close.
+func (a *authEngine) nextJobLocked() (commitJob, time.Duration) {
+	if a.failed != nil {
+		return jobExit, 0
+	}
+	b := a.pending
+	markDue := a.markDue()
+	switch {
+	case markDue && b.empty():
+		return jobMark, 0
+	case !b.empty():
+		// A Flush waiting for a committed batch is served as soon by the pending
+		// batch's first slot as by an empty one, and a sync cheaper.
+		wait := a.interval - time.Duration(a.now()-b.first)
+		if markDue || a.urgent || a.stopping || a.blocked > 0 || b.cost() >= a.commitBytes || wait <= 0 {
+			return jobCommit, 0
+		}
+		return jobNone, wait
+	case a.stopping && !a.running:
+		return jobExit, 0
+	}
+	return jobNone, 0
+}
+
+// runLocked does job (jobCommit or jobMark) with a.mu held on entry and on return, and
+// a.running set throughout; it reports whether the device can go on.
+func (a *authEngine) runLocked(job commitJob) bool {
+	a.running = true
+	defer func() {
+		a.running = false
+		a.cond.Broadcast() // flushes waiting for the runner to be done
+		if a.deferred {
+			a.deferred = false
+			a.poke()
+		}
+	}()
+	if job == jobMark {
+		a.mu.Unlock()
+		a.commitMu.Lock()
+		err := a.markCompleted()
+		a.commitMu.Unlock()
+		a.mu.Lock()
+		if err != nil {
+			a.failLocked(a.committed, err)
+			return false
+		}
+		return true
+	}
+	b := a.pending
+	a.pending = a.newBatchLocked(b.seq + 1)
+	a.committing = b
+	a.started = b.seq
+	a.urgent = false
+	a.cond.Broadcast() // writers waiting for room
+	a.mu.Unlock()
+
+	a.commitMu.Lock()
+	start := time.Now()
+	a.syncTime = 0
+	gen := a.jrnl.gen
+	err := a.commit(b)
+	wroteSlot := a.jrnl.gen != gen
+	took := time.Since(start)
+	a.commitMu.Unlock()
+
+	a.mu.Lock()
+	if err != nil {
+		// The batch stays visible, so reads stay consistent.
+		a.failLocked(b.seq, err)
+		return false
+	}
+	a.committing = nil
+	a.adaptLimit(b.bytes, took, a.syncTime)
+	switch {
+	case a.tree == nil:
+		a.durable = b.seq
+	case !wroteSlot && a.durable == a.committed:
+		a.durable = b.seq // it changed nothing on the provider
+	}
+	// Otherwise b's first slot completed the batches before it (slotDurable), and b
+	// waits for the next slot.
+	a.committed = b.seq
+	a.cond.Broadcast()
+	b.entries.reset(a.slabs)
+	b.bytes = 0
+	a.spare = b
+	return true
+}
+
+// committer is the goroutine that commits what no flush commits: batches that fill up or
+// whose CommitInterval runs out, and what Close leaves.
+//
+// It is not woken for every batch: while writes come, it wakes every CommitInterval and
+// arms its timer for the pending batch's deadline, so a writer whose batch a flush
+// commits never wakes it. After idleTicks intervals with nothing pending it sleeps until
+// the next batch's first write pokes it (asleep).
 func (a *authEngine) committer() {
 	defer close(a.done)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	idle := 0
+	a.mu.Lock()
 	for {
-		a.mu.Lock()
-		mark := false
-		for {
-			if a.failed != nil {
-				a.mu.Unlock()
-				return
-			}
-			b := a.pending
-			markDue := a.markDue()
-			if markDue && b.empty() {
-				mark = true
-				break
-			}
-			if !b.empty() {
-				// A Flush waiting for a committed batch is served as soon by the
-				// pending batch's first slot as by an empty one, and a sync cheaper.
-				wait := a.interval - time.Duration(a.now()-b.first)
-				if markDue || a.urgent || a.stopping || a.blocked > 0 || b.cost() >= a.commitBytes || wait <= 0 {
-					break
-				}
-				timer.Reset(wait)
-			} else if a.stopping {
-				a.mu.Unlock()
-				return
-			}
-			a.mu.Unlock()
-			select {
-			case <-a.kick:
-			case <-timer.C:
-			}
-			a.mu.Lock()
-		}
-		if mark {
-			a.mu.Unlock()
-			a.commitMu.Lock()
-			err := a.markCompleted()
-			a.commitMu.Unlock()
-			if err != nil {
-				a.mu.Lock()
-				a.failLocked(a.committed, err)
-				a.mu.Unlock()
-				return
-			}
-			continue
-		}
-		b := a.pending
-		a.pending = a.newBatchLocked(b.seq + 1)
-		a.committing = b
-		a.started = b.seq
-		a.urgent = false
-		a.cond.Broadcast() // writers waiting for room
-		a.mu.Unlock()
-
-		a.commitMu.Lock()
-		start := time.Now()
-		a.syncTime = 0
-		gen := a.jrnl.gen
-		err := a.commit(b)
-		wroteSlot := a.jrnl.gen != gen
-		took := time.Since(start)
-		a.commitMu.Unlock()
-
-		a.mu.Lock()
-		if err != nil {
-			// The batch stays visible, so reads stay consistent.
-			a.failLocked(b.seq, err)
+		job, wait := a.nextJobLocked()
+		switch {
+		case job == jobExit:
 			a.mu.Unlock()
 			return
+		case job != jobNone && !a.running:
+			if !a.runLocked(job) {
+				a.mu.Unlock()
+				return
+			}
+			idle = 0
+			continue
+		case job != jobNone || (a.stopping && a.running):
+			// Another goroutine commits; it pokes when done.
+			a.deferred = true
+		case wait > 0:
+			idle = 0
+			timer.Reset(wait)
+		case idle < idleTicks:
+			idle++
+			timer.Reset(a.interval)
+		default:
+			a.asleep = true
 		}
-		a.committing = nil
-		a.adaptLimit(b.bytes, took, a.syncTime)
-		switch {
-		case a.tree == nil:
-			a.durable = b.seq
-		case !wroteSlot && a.durable == a.committed:
-			a.durable = b.seq // it changed nothing on the provider
-		}
-		// Otherwise b's first slot completed the batches before it (slotDurable), and b
-		// waits for the next slot.
-		a.committed = b.seq
-		a.cond.Broadcast()
-		b.entries.reset(a.slabs)
-		b.bytes = 0
-		a.spare = b
 		a.mu.Unlock()
+		select {
+		case <-a.kick:
+		case <-timer.C:
+		}
+		a.mu.Lock()
+		a.asleep = false
+		a.wakes++
 	}
 }
+
+// idleTicks is how many CommitIntervals the committer waits with nothing pending before
+// it sleeps until poked.
+const idleTicks = 10
 
 // failLocked stops the device after the provider failed in the commit of batch seq (or
 // in the slot that completes it): what is on the provider is for recovery to sort out at

@@ -43,8 +43,8 @@ type journalEntry struct {
 	old, new record
 }
 
-// journal seals and opens the journal region. It is used by one goroutine at a time (the
-// committer, or Open's recovery), so its buffer needs no lock.
+// journal seals and opens the journal region. It is used by one goroutine at a time (the one
+// running a commit, or Open's recovery), so its buffer needs no lock.
 type journal struct {
 	aead   cipher.AEAD
 	rand   io.Reader

@@ -10,14 +10,14 @@ import (
 )
 
 // metaCache keeps metadata blocks in memory, bounded by a number of blocks, least recently
-// used first out. It is write-through: the committer writes a block to the provider from
+// used first out. It is write-through: a commit writes a block to the provider from
 // the cached copy, so every entry is clean except while a commit has it pinned, and only
 // unpinned entries are evicted. Memory therefore depends on the bound, never on the
 // provider's size.
 //
-// Who changes a block: only the committer (patch, under mu), for sectors of the batch it
-// is committing; readers take records of sectors in no batch (records, under mu). Loads
-// of one group are single-flight, and the committer pins a block before it writes it, so a
+// Who changes a block: only the commit under way (patch, under mu; commits run one at a
+// time), for sectors of its batch; readers take records of sectors in no batch (records, under mu). Loads
+// of one group are single-flight, and a commit pins a block before it writes it, so a
 // load can never race with a write of the same block and cache a stale copy.
 type metaCache struct {
 	mu      sync.Mutex
@@ -205,7 +205,7 @@ func (c *metaCache) patch(b *mblock, j int, r *record) {
 }
 
 // digest is the digest of a block the caller has pinned (hashed caches only). It takes no
-// lock: only the committer patches blocks, and it calls digest after its patches, so the
+// lock: only the commit under way patches blocks, and it calls digest after its patches, so the
 // block's bytes and dirty bits hold still meanwhile; readers only read them. Digests of
 // different blocks may be computed in parallel.
 func (c *metaCache) digest(b *mblock) tree.Digest {

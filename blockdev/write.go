@@ -139,12 +139,15 @@ func (a *authEngine) replaceLocked(b *batch, i uint64, e entry) {
 }
 
 // addedLocked accounts for cost bytes moved from the reservation into batch b and wakes
-// the committer when the batch starts or fills.
+// the committer when the batch fills, or starts while the committer sleeps untimed.
 func (a *authEngine) addedLocked(b *batch, cost int64) uint64 {
 	a.reserved -= cost
 	if b.bytes == 0 {
 		b.first = a.now()
-		a.poke()
+		if a.asleep {
+			a.asleep = false
+			a.poke()
+		}
 	}
 	b.bytes += cost
 	if b.cost() >= a.commitBytes {
@@ -192,22 +195,27 @@ func (a *authEngine) poke() {
 	}
 }
 
-// waitDurable waits until batch seq is committed; if it is still pending, it asks for a
-// commit now.
+// waitDurable waits until batch seq is durable; if it is still pending, it asks for a
+// commit now, and makes it itself when no commit is running.
 func (a *authEngine) waitDurable(seq uint64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.pending.seq == seq && !a.pending.empty() {
 		a.urgent = true
-		a.poke()
 	}
 	if seq > a.durable && seq > a.wantDurable {
 		a.wantDurable = seq
-		a.poke()
 	}
 	for a.durable < seq {
 		if a.failed != nil {
 			return a.failed
+		}
+		if !a.running {
+			if job, _ := a.nextJobLocked(); job == jobCommit || job == jobMark {
+				a.flushJobs++
+				a.runLocked(job)
+				continue
+			}
 		}
 		a.cond.Wait()
 	}
