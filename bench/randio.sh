@@ -7,7 +7,9 @@
 # /proc/PID/stat, which counts every thread of the server, over fio's 1 s ramp too: a
 # slight overstatement, alike for all three).
 #
-#   Usage: bench/randio.sh [WORKLOAD...]   (default: randwrite:32 randwrite:1 randread:32 randread:1)
+#   Usage: bench/randio.sh [WORKLOAD...]   (default: randwrite:32 randwrite:1 randread:32
+#          randread:1 syncwrite:1; RW:QD, where syncwrite is randwrite with a flush after
+#          every write)
 #   Environment: SIZE (default 1G), RUNTIME (seconds per fio run, default 5), ROUNDS (3),
 #                ELI (binary; default: go build ./cmd/eli), DIR (tmpfs, default /dev/shm).
 #
@@ -16,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workloads=("$@")
-[ ${#workloads[@]} -gt 0 ] || workloads=(randwrite:32 randwrite:1 randread:32 randread:1)
+[ ${#workloads[@]} -gt 0 ] || workloads=(randwrite:32 randwrite:1 randread:32 randread:1 syncwrite:1)
 size=${SIZE:-1G}
 runtime=${RUNTIME:-5}
 rounds=${ROUNDS:-3}
@@ -77,12 +79,16 @@ hz=$(getconf CLK_TCK)
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
 for w in "${workloads[@]}"; do
 	rw=${w%%:*} qd=${w##*:}
+	# syncwrite: random writes with a flush after each (a database's log, a VM's sync
+	# writes), which waits for a commit every time.
+	fiorw=$rw sync=0
+	[ "$rw" != syncwrite ] || fiorw=randwrite sync=1
 	for r in $(seq "$rounds"); do
 		for v in "${vols[@]}"; do
 			serve "$v"
 			t0=$(cputicks "$pid")
-			out=$(fio --name=randio --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw="$rw" --bs=4k \
-				--iodepth="$qd" --numjobs=1 --size="$bytes" --time_based --runtime="${runtime}s" \
+			out=$(fio --name=randio --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw="$fiorw" --bs=4k \
+				--fsync="$sync" --iodepth="$qd" --numjobs=1 --size="$bytes" --time_based --runtime="${runtime}s" \
 				--ramp_time=1s --output-format=json 2>/dev/null)
 			t1=$(cputicks "$pid")
 			unserve
