@@ -13,9 +13,10 @@ import (
 
 // Commits run one at a time, in order, in whichever goroutine finds one due: the
 // committer goroutine, or a Flush or FUA write that finds no commit running (waitDurable).
-// A flush that commits its own batch saves waking the committer and being woken back,
-// tens of microseconds each on a VM, which is most of a lone flush's time on fast storage.
-// running says that a goroutine is committing; the others wait for it.
+// A flush that commits its own batch saves waking the committer and being woken back:
+// on a VM, a third of the CPU time of a lone write and its flush on tmpfs
+// (docs/benchmarks.md, "Measurements behind design choices"). running says that a
+// goroutine is committing; the others wait for it.
 
 // A commitJob is what is due next.
 type commitJob int
