@@ -1,12 +1,11 @@
 package tree
 
 import (
-	"container/list"
+	"cmp"
 	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
-	"sort"
 	"sync"
 )
 
@@ -82,9 +81,10 @@ type node struct {
 	key     nodeKey
 	data    []byte
 	h       Hasher
-	dirty   uint64        // pieces setSlot changed since h last saw them
-	pending int           // Updates whose writes are not yet Written: not evictable
-	elem    *list.Element // in lru while evictable
+	dirty   uint64 // pieces setSlot changed since h last saw them
+	pending int    // Updates whose writes are not yet Written: not evictable
+	// prev and next link n into the tree's lru while it is evictable (nil otherwise).
+	prev, next *node
 }
 
 // A node's pieces fit dirty's bits.
@@ -137,24 +137,28 @@ type Tree struct {
 	mu    sync.Mutex
 	root  Digest
 	nodes map[nodeKey]*node
-	lru   *list.List // evictable nodes, most recent at the front
+	lru   node // the ring of evictable nodes, most recent at lru.next
 	max   int
 	epoch uint64 // counts Written calls: a node read before one may be stale
 	spare [][]byte
+	// spareCommit is a Commit that Written returned, for the next Update: a commit
+	// allocates nothing for its keys and node writes once the tree is warm.
+	spareCommit *Commit
 }
 
 // New is the tree with geometry g over store, whose current root is root (the all-zero
 // digest for a tree never written). At most maxNodes nodes stay cached beyond those that
 // pending writes pin (at least one per level).
 func New(g Geometry, store Store, root Digest, maxNodes int) *Tree {
-	return &Tree{
+	t := &Tree{
 		geom:  g,
 		store: store,
 		root:  root,
 		nodes: make(map[nodeKey]*node),
-		lru:   list.New(),
 		max:   max(maxNodes, g.Levels()+1),
 	}
+	t.lru.prev, t.lru.next = &t.lru, &t.lru
+	return t
 }
 
 // Root is the current root digest.
@@ -285,18 +289,18 @@ func (t *Tree) getBuf() []byte {
 
 func (t *Tree) insert(n *node) {
 	t.nodes[n.key] = n
-	n.elem = t.lru.PushFront(n)
+	t.pushFront(n)
 	t.evict(n)
 }
 
 // evict drops least recently used unpinned nodes beyond the bound, never keep.
 func (t *Tree) evict(keep *node) {
 	for len(t.nodes) > t.max {
-		e := t.lru.Back()
-		if e == nil || e.Value.(*node) == keep {
+		old := t.lru.prev
+		if old == &t.lru || old == keep {
 			break
 		}
-		old := t.lru.Remove(e).(*node)
+		t.unlink(old)
 		delete(t.nodes, old.key)
 		if len(t.spare) < 8 {
 			t.spare = append(t.spare, old.data)
@@ -304,10 +308,25 @@ func (t *Tree) evict(keep *node) {
 	}
 }
 
+// touch makes an evictable n the most recently used.
 func (t *Tree) touch(n *node) {
-	if n.elem != nil {
-		t.lru.MoveToFront(n.elem)
+	if n.next != nil {
+		t.unlink(n)
+		t.pushFront(n)
 	}
+}
+
+// pushFront links n into lru as the most recently used.
+func (t *Tree) pushFront(n *node) {
+	n.prev, n.next = &t.lru, t.lru.next
+	n.next.prev = n
+	t.lru.next = n
+}
+
+// unlink takes n out of lru.
+func (t *Tree) unlink(n *node) {
+	n.prev.next, n.next.prev = n.next, n.prev
+	n.prev, n.next = nil, nil
 }
 
 // Leaf is a leaf's new digest.
@@ -340,40 +359,46 @@ type Commit struct {
 func (t *Tree) Update(leaves []Leaf) (*Commit, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c := &Commit{Root: t.root}
+	c := t.spareCommit
+	t.spareCommit = nil
+	if c == nil {
+		c = &Commit{}
+	}
+	c.Root = t.root
 	if len(leaves) == 0 {
 		return c, nil
 	}
 	// Load (and verify) every node that will change before changing any: a failure then
 	// leaves the tree as it was.
-	keys, err := pathKeys(t.geom, leaves)
+	keys, err := pathKeys(c.keys[:0], t.geom, leaves)
 	if err != nil {
 		return nil, err
 	}
-	// Loaded top down, so that each node's parent is there to verify it against.
-	down := append([]nodeKey(nil), keys...)
-	slices.Reverse(down)
-	// Pin each node as it is loaded, so that loading the next cannot evict it.
-	for i, k := range down {
-		n, err := t.nodeLocked(k)
+	c.keys = keys
+	// Loaded top down, so that each node's parent is there to verify it against. Pin
+	// each node as it is loaded, so that loading the next cannot evict it.
+	for i := len(keys) - 1; i >= 0; i-- {
+		n, err := t.nodeLocked(keys[i])
 		if err != nil {
-			for _, p := range down[:i] {
+			for _, p := range keys[i+1:] {
 				t.unpin(t.nodes[p])
 			}
+			c.keys = c.keys[:0]
+			t.spareCommit = c
 			return nil, err
 		}
 		t.pin(n)
 	}
 	t.hashUp(leaves, keys)
 	c.Root = t.root
-	c.keys = keys
 	for _, k := range keys {
 		c.Nodes = append(c.Nodes, NodeWrite{Level: k.level, Index: k.index, Data: t.nodes[k].data})
 	}
 	return c, nil
 }
 
-// Written says that c's nodes are durable in the store: they may be evicted again.
+// Written says that c's nodes are durable in the store: they may be evicted again. c is
+// the tree's again: the caller must not use it afterwards.
 func (t *Tree) Written(c *Commit) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -381,48 +406,61 @@ func (t *Tree) Written(c *Commit) {
 	for _, k := range c.keys {
 		t.unpin(t.nodes[k])
 	}
-	c.keys = nil
 	t.evict(nil)
+	// c is the caller's no longer: keep it, emptied, for the next Update.
+	clear(c.Nodes) // drop the references to node data
+	c.Nodes, c.keys = c.Nodes[:0], c.keys[:0]
+	t.spareCommit = c
 }
 
 func (t *Tree) pin(n *node) {
-	if n.elem != nil {
-		t.lru.Remove(n.elem)
-		n.elem = nil
+	if n.next != nil {
+		t.unlink(n)
 	}
 	n.pending++
 }
 
 func (t *Tree) unpin(n *node) {
 	if n.pending--; n.pending == 0 {
-		n.elem = t.lru.PushFront(n)
+		t.pushFront(n)
 	}
 }
 
 // pathKeys is every interior node on the paths from leaves to the top, and the top node
-// itself, each once: bottom up, and in index order within a level.
-func pathKeys(g Geometry, leaves []Leaf) ([]nodeKey, error) {
-	top := nodeKey{g.Levels(), 0}
-	changed := map[nodeKey]bool{top: true}
+// itself, each once: bottom up, and in index order within a level. It reuses keys'
+// memory.
+func pathKeys(keys []nodeKey, g Geometry, leaves []Leaf) ([]nodeKey, error) {
+	keys = keys[:0]
 	for _, l := range leaves {
 		if l.Index >= g.Width(0) {
 			return nil, fmt.Errorf("tree: leaf %d of %d", l.Index, g.Width(0))
 		}
-		for k := (nodeKey{1, l.Index / Arity}); !changed[k]; k = (nodeKey{k.level + 1, k.index / Arity}) {
-			changed[k] = true
-		}
+		keys = append(keys, nodeKey{1, l.Index / Arity})
 	}
-	keys := make([]nodeKey, 0, len(changed))
-	for k := range changed {
-		keys = append(keys, k)
+	// A commit's leaves come in index order, so this is mostly a check.
+	if !slices.IsSortedFunc(keys, compareKeys) {
+		slices.SortFunc(keys, compareKeys)
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].level != keys[j].level {
-			return keys[i].level < keys[j].level
+	keys = slices.Compact(keys)
+	if len(keys) == 0 {
+		return append(keys, nodeKey{g.Levels(), 0}), nil
+	}
+	// Each level's parents, in index order as their children are.
+	for lo := 0; keys[lo].level < g.Levels(); {
+		hi := len(keys)
+		for i := lo; i < hi; i++ {
+			p := nodeKey{keys[i].level + 1, keys[i].index / Arity}
+			if len(keys) == hi || keys[len(keys)-1] != p {
+				keys = append(keys, p)
+			}
 		}
-		return keys[i].index < keys[j].index
-	})
+		lo = hi
+	}
 	return keys, nil
+}
+
+func compareKeys(a, b nodeKey) int {
+	return cmp.Or(cmp.Compare(a.level, b.level), cmp.Compare(a.index, b.index))
 }
 
 // Recover is the tree whose interior nodes are those the store holds now, with the leaves'
@@ -436,7 +474,7 @@ func pathKeys(g Geometry, leaves []Leaf) ([]nodeKey, error) {
 // node is read, and c has nothing to write.
 func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Commit, error) {
 	t := New(g, store, Digest{}, maxNodes)
-	keys, err := pathKeys(g, leaves)
+	keys, err := pathKeys(nil, g, leaves)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -453,7 +491,7 @@ func Recover(g Geometry, store Store, leaves []Leaf, maxNodes int) (*Tree, *Comm
 	for _, k := range keys {
 		n := t.nodes[k]
 		if len(leaves) == 0 {
-			n.elem = t.lru.PushFront(n)
+			t.pushFront(n)
 			continue
 		}
 		n.pending = 1

@@ -1,8 +1,10 @@
 package tree
 
 import (
+	"cmp"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -542,4 +544,49 @@ func TestFixedGeometry(t *testing.T) {
 		}
 	}()
 	NewFixedGeometry(128*128+1, 2)
+}
+
+// TestPathKeys: pathKeys gives every node on the leaves' paths and the top, each once,
+// bottom up and in index order within a level, for leaves in any order and with
+// repeats, against the paths walked one leaf at a time; with no leaves, the top alone.
+// A reused buffer's old contents do not leak into the answer.
+func TestPathKeys(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	var buf []nodeKey
+	for _, g := range []Geometry{NewGeometry(1), NewGeometry(Arity + 1), NewGeometry(Arity*Arity*3 + 5), NewFixedGeometry(1000, 7)} {
+		for trial := range 50 {
+			leaves := make([]Leaf, rng.IntN(40))
+			for i := range leaves {
+				leaves[i].Index = rng.Uint64N(g.Width(0))
+			}
+			if trial%2 == 0 {
+				slices.SortFunc(leaves, func(a, b Leaf) int { return cmp.Compare(a.Index, b.Index) })
+			}
+			want := map[nodeKey]bool{{g.Levels(), 0}: true}
+			for _, l := range leaves {
+				for k := (nodeKey{1, l.Index / Arity}); k.level <= g.Levels(); k = (nodeKey{k.level + 1, k.index / Arity}) {
+					want[k] = true
+				}
+			}
+			got, err := pathKeys(buf, g, leaves)
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf = got
+			if len(got) != len(want) {
+				t.Fatalf("%d levels, %d leaves: %d keys, want %d", g.Levels(), len(leaves), len(got), len(want))
+			}
+			for i, k := range got {
+				if !want[k] {
+					t.Fatalf("key %v is on no leaf's path", k)
+				}
+				if i > 0 && compareKeys(got[i-1], k) >= 0 {
+					t.Fatalf("keys %v then %v: not bottom up in index order, or repeated", got[i-1], k)
+				}
+			}
+		}
+	}
+	if _, err := pathKeys(nil, NewGeometry(10), []Leaf{{Index: 10}}); err == nil {
+		t.Error("a leaf past the width was taken")
+	}
 }
