@@ -2,6 +2,7 @@ package blockdev
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -108,5 +109,62 @@ func TestCommitterWithoutFlush(t *testing.T) {
 	defer a.mu.Unlock()
 	if a.flushJobs != 0 {
 		t.Errorf("%d commit jobs ran in flushes; there were none", a.flushJobs)
+	}
+}
+
+// TestConcurrentFlushesWhenCommitFails: clients that write and flush at once, so that
+// their flushes take turns at committing, while the provider starts failing: every
+// client's flush or write then fails with the provider's error, none waits for ever,
+// and Close reports the failure.
+func TestConcurrentFlushesWhenCommitFails(t *testing.T) {
+	for _, version := range []uint32{0, layout.Version2} {
+		t.Run(fmt.Sprintf("version=%d", version), func(t *testing.T) {
+			const n = 512
+			l, size := layoutForVersion(t, version, sector.ModeXChaCha20Poly1305, 4096, n, layout.Align)
+			mem := newMem(size)
+			if err := Format(mem, l); err != nil {
+				t.Fatal(err)
+			}
+			rec := newRecorder(mem.data)
+			d, err := Open(rec, Config{Layout: l, Codec: newCodec(t, sector.ModeXChaCha20Poly1305, 4096, testVolumeID),
+				JournalKey: testJournalKey, Logger: discardLogger(), CommitInterval: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.mu.Lock()
+			rec.failAt = len(rec.events) + 200
+			rec.mu.Unlock()
+			const clients = 8
+			errs := make(chan error, clients)
+			for c := range clients {
+				go func() {
+					buf := make([]byte, 4096)
+					for k := 0; ; k++ {
+						buf[0] = byte(k)
+						if err := d.WriteAt(buf, int64((c*61+k*7)%n)*4096, 0); err != nil {
+							errs <- err
+							return
+						}
+						if err := d.Flush(); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			for range clients {
+				select {
+				case err := <-errs:
+					if !errors.Is(err, errCrashed) {
+						t.Errorf("a client failed with %v, not the provider's error", err)
+					}
+				case <-time.After(30 * time.Second): // a hang guard only
+					t.Fatal("a client still writes and flushes 30 s after the provider failed")
+				}
+			}
+			if err := d.Close(); !errors.Is(err, errCrashed) {
+				t.Errorf("Close after the failed commit: %v, want the provider's error", err)
+			}
+		})
 	}
 }
