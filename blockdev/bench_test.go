@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -491,6 +492,57 @@ func BenchmarkWriteFlush(b *testing.B) {
 					b.Fatal(err)
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkWriteFlushClients: clients that each write 4 KiB at random offsets and flush
+// after every write, at once (a format version 2 volume on tmpfs): their flushes share
+// commits. ops/s counts writes with their flushes; p50 and p99 are of one write and its
+// flush; commits/op is how many commits each took.
+func BenchmarkWriteFlushClients(b *testing.B) {
+	for _, clients := range []int{2, 4, 8} {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			d := benchDeviceVersion(b, benchDir(b), 256<<20, layout.Version2, Config{})
+			defer d.Close()
+			sectors := d.Size() / 4096
+			per := max(b.N/clients, 1)
+			lats := make([][]time.Duration, clients)
+			commits := d.Stats().Commits
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for c := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(uint64(c), 2))
+					buf := make([]byte, 4096)
+					for range per {
+						t0 := time.Now()
+						if err := d.WriteAt(buf, r.Int64N(sectors)*4096, 0); err != nil {
+							b.Error(err)
+							return
+						}
+						if err := d.Flush(); err != nil {
+							b.Error(err)
+							return
+						}
+						lats[c] = append(lats[c], time.Since(t0))
+					}
+				}()
+			}
+			wg.Wait()
+			took := time.Since(start)
+			all := slices.Concat(lats...)
+			if len(all) == 0 {
+				return
+			}
+			slices.Sort(all)
+			b.ReportMetric(float64(len(all))/took.Seconds(), "ops/s")
+			b.ReportMetric(float64(all[len(all)/2].Nanoseconds())/1e3, "p50-µs")
+			b.ReportMetric(float64(all[len(all)*99/100].Nanoseconds())/1e3, "p99-µs")
+			b.ReportMetric(float64(d.Stats().Commits-commits)/float64(len(all)), "commits/op")
 		})
 	}
 }
