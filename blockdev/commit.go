@@ -56,8 +56,9 @@ func (a *authEngine) nextJobLocked() (commitJob, time.Duration) {
 }
 
 // runLocked does job (jobCommit or jobMark) with a.mu held on entry and on return, and
-// a.running set throughout; it reports whether the device can go on.
-func (a *authEngine) runLocked(job commitJob) bool {
+// a.running set throughout. A failure stops the device (failLocked), which the callers
+// find in a.failed.
+func (a *authEngine) runLocked(job commitJob) {
 	a.running = true
 	defer func() {
 		a.running = false
@@ -75,9 +76,8 @@ func (a *authEngine) runLocked(job commitJob) bool {
 		a.mu.Lock()
 		if err != nil {
 			a.failLocked(a.committed, err)
-			return false
 		}
-		return true
+		return
 	}
 	b := a.pending
 	a.pending = a.newBatchLocked(b.seq + 1)
@@ -100,7 +100,7 @@ func (a *authEngine) runLocked(job commitJob) bool {
 	if err != nil {
 		// The batch stays visible, so reads stay consistent.
 		a.failLocked(b.seq, err)
-		return false
+		return
 	}
 	a.committing = nil
 	a.adaptLimit(b.bytes, took, a.syncTime)
@@ -117,7 +117,6 @@ func (a *authEngine) runLocked(job commitJob) bool {
 	b.entries.reset(a.slabs)
 	b.bytes = 0
 	a.spare = b
-	return true
 }
 
 // committer is the goroutine that commits what no flush commits: batches that fill up or
@@ -140,10 +139,7 @@ func (a *authEngine) committer() {
 			a.mu.Unlock()
 			return
 		case job != jobNone && !a.running:
-			if !a.runLocked(job) {
-				a.mu.Unlock()
-				return
-			}
+			a.runLocked(job) // a failure is jobExit next
 			idle = 0
 			continue
 		case job != jobNone || (a.stopping && a.running):
