@@ -3,6 +3,8 @@
 // (nbdinfo, nbdcopy, nbdfuse with a loop device and ext4, qemu-img, qemu-io, fio,
 // python3-libnbd). It holds no library code; everything is in the _test.go files and in
 // the ddbench script, which is also runnable by hand (`integration/ddbench -h`).
+// Where a check needs an oracle, it is a server we did not write: TestDifferential holds
+// eli to nbdkit's file plugin, request by request (testdata/nbddiff.py).
 //
 // Run it with `go test ./integration/` (as root: loop devices and mounts). Without a tool
 // a test skips and says what to install; under ELI_REQUIRE_TOOLS=1 (scripts/test) it fails

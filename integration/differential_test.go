@@ -1,0 +1,55 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/elidisk/eli/internal/testtool"
+)
+
+// TestDifferential checks eli against a server we did not write, nbdkit's file plugin on
+// a plain file, as the oracle: testdata/nbddiff.py (libnbd) sends both the same random
+// requests, aligned and not, and demands the same bytes back from every read; then it
+// writes disjoint pieces of one region through four connections at once, most of them
+// partial sectors shared with other pieces in flight, and demands that none is lost; and
+// finally it compares the whole exports after a flush on a fresh connection.
+func TestDifferential(t *testing.T) {
+	t.Parallel()
+	py := testtool.NeedPythonNBD(t)
+	configs := []struct {
+		mode   string
+		sector int
+		extra  []string
+	}{
+		{"xchacha20-poly1305", 4096, nil},
+		{"xchacha20-poly1305", 512, []string{"--format", "1", "--journal-size", "64K"}},
+		{"xchacha20-poly1305", 65536, nil},
+		{"aes-xts", 4096, nil},
+		{"chacha20-xts", 512, nil},
+		{"none", 4096, nil},
+	}
+	for k, cfg := range configs {
+		t.Run(fmt.Sprintf("%s/%d/%s", cfg.mode, cfg.sector, strings.Join(cfg.extra, "")), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, true)
+			img := e.create(volume{name: "d.img", size: "40M", mode: cfg.mode, sector: cfg.sector, extra: cfg.extra})
+			uri := e.Attach(img)
+			ref := newStorage(e, "nbdkit", nbdInfo(t, uri).Size, nil, nil)
+
+			cmd := exec.Command(py, "testdata/nbddiff.py", uri, ref.uri, fmt.Sprint(k+1), "1500", "60")
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			timer := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() })
+			err := cmd.Run()
+			timer.Stop()
+			if err != nil || strings.TrimSpace(out.String()) != "ok" {
+				t.Fatalf("nbddiff.py: %v\n%s\nserver log:\n%s", err, out.String(), e.serverLog("d.img"))
+			}
+			e.detach("d.img")
+		})
+	}
+}
