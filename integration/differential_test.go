@@ -16,7 +16,8 @@ import (
 // requests, aligned and not, and demands the same bytes back from every read; then it
 // writes disjoint pieces of one region through four connections at once, most of them
 // partial sectors shared with other pieces in flight, and demands that none is lost; and
-// finally it compares the whole exports after a flush on a fresh connection.
+// finally it compares the whole exports after a flush on a fresh connection, and holds
+// every extent that eli's block status calls zero to reading as zeroes.
 func TestDifferential(t *testing.T) {
 	t.Parallel()
 	py := testtool.NeedPythonNBD(t)
@@ -41,14 +42,15 @@ func TestDifferential(t *testing.T) {
 			ref := newStorage(e, "nbdkit", nbdInfo(t, uri).Size, nil, nil)
 
 			cmd := exec.Command(py, "testdata/nbddiff.py", uri, ref.uri, fmt.Sprint(k+1), "1500", "60")
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
+			var out, errb bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &errb
 			timer := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() })
 			err := cmd.Run()
 			timer.Stop()
 			if err != nil || strings.TrimSpace(out.String()) != "ok" {
-				t.Fatalf("nbddiff.py: %v\n%s\nserver log:\n%s", err, out.String(), e.serverLog("d.img"))
+				t.Fatalf("nbddiff.py: %v\n%s%s\nserver log:\n%s", err, out.String(), errb.String(), e.serverLog("d.img"))
 			}
+			t.Log(strings.TrimSpace(errb.String()))
 			e.detach("d.img")
 		})
 	}

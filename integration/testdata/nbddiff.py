@@ -17,7 +17,9 @@
 # without losing any.
 # The reference gets the same pieces one by one; the regions must then match.
 #
-# Finally the whole exports must match, read on a fresh connection after a flush. The
+# Finally the whole exports must match, read on a fresh connection after a flush, and
+# every extent that NBD_CMD_BLOCK_STATUS (base:allocation) calls zero must read as zeroes
+# (a hole may read as anything, so only the zero flag is held to its word). The
 # exports are zeroed first: a never-written sector of a length-preserving mode reads as
 # whatever its ciphertext decrypts to. Prints "ok" or what differed, and exits non-zero
 # on a difference or an error.
@@ -27,8 +29,10 @@ import sys
 import nbd
 
 
-def connect(uri):
+def connect(uri, meta=False):
     h = nbd.NBD()
+    if meta:
+        h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
     h.connect_uri(uri)
     return h
 
@@ -119,12 +123,38 @@ def main(argv):
 
     A.flush()
     A.shutdown()
-    A = connect(uri)
+    A = connect(uri, meta=True)
+    image = bytearray()
     for o in range(0, size, 1 << 20):
         n = min(1 << 20, size - o)
         a, b = A.pread(n, o), B.pread(n, o)
         if a != b:
             sys.exit(f"final state: byte {o + first_diff(a, b)} differs")
+        image += a
+
+    extents = []
+
+    def status(meta, off, entries, err):
+        if meta == nbd.CONTEXT_BASE_ALLOCATION:
+            extents.extend(zip(entries[0::2], entries[1::2]))
+        return 0
+
+    off, zeroed = 0, 0
+    while off < size:
+        extents.clear()
+        A.block_status(min(size - off, 1 << 30), off, status)
+        if not extents:
+            sys.exit(f"block status at {off}: no extents")
+        for n, flags in extents:
+            n = min(n, size - off)
+            if flags & nbd.STATE_ZERO:
+                if any(image[off:off + n]):
+                    sys.exit(f"block status calls {n} bytes at {off} zero, but byte {off + first_diff(image[off:off + n], bytes(n))} is not")
+                zeroed += n
+            off += n
+            if off >= size:
+                break
+    print(f"{zeroed} bytes in zero extents", file=sys.stderr)
     print("ok")
 
 
