@@ -23,7 +23,8 @@ const (
 // ChaCha20 block 0 under that subkey and nonce 0⁴ ‖ nonce[16:24], the message's one-time
 // Poly1305 key (RFC 8439 §2.6), into polyKeys[32i:32i+32]. Subkeys come 16 (or 8) at a
 // time from HChaChaMany's kernels and the blocks 0 from one more pass of lanes, so the
-// AEAD's extra block costs a message about 1/16 of a block instead of one. It allocates
+// AEAD's extra block costs a message about 1/16 of a block instead of one; a lone nonce
+// takes the scalar code, which for one message costs less than a pass of lanes. It allocates
 // nothing. It panics if len(nonces) is not a multiple of 24, if subkeys or polyKeys is
 // not 32·n bytes, or if any two of the three overlap.
 func XAEADKeys(key *[KeySize]byte, nonces, subkeys, polyKeys []byte) {
@@ -54,6 +55,13 @@ func xaeadKeys(e engine, key *[KeySize]byte, nonces, subkeys, polyKeys []byte) {
 	}
 	var st [16]uint32
 	initState(&st, key)
+	if n == 1 {
+		// A lone message (a random 4 KiB write): the vector kernels would fill every lane
+		// for one, and cost more than the scalar code for its two blocks (BenchmarkXAEADKeys).
+		xaeadKeysOne(&st, nonces, subkeys, polyKeys)
+		clear(st[4:12])
+		return
+	}
 	var hn [manyChunk * HNonceSize]byte
 	var in [16][16]uint32
 	var out [8][16]uint32
@@ -83,6 +91,19 @@ func xaeadKeys(e engine, key *[KeySize]byte, nonces, subkeys, polyKeys []byte) {
 	clear(st[4:12])
 	in = [16][16]uint32{}
 	out = [8][16]uint32{}
+}
+
+// xaeadKeysOne is xaeadKeys for one nonce, with the portable code, st the key's state.
+func xaeadKeysOne(st *[16]uint32, nonce, subkey, polyKey []byte) {
+	hchachaManyGeneric(st, aeadRounds, nonce[:HNonceSize], subkey)
+	x := xStateOf(subkey, nonce[16:])
+	b := x
+	permute(&b, aeadRounds)
+	for w := range 8 {
+		binary.LittleEndian.PutUint32(polyKey[4*w:], b[w]+x[w])
+	}
+	clear(x[:])
+	clear(b[:])
 }
 
 func xorSubkeys(e engine, subkeys, nonces, dst, src []byte) {
