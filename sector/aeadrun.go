@@ -64,12 +64,13 @@ const aeadChunk = 16
 
 // loneFastSize is the least sector size at which a chunk of one sector (a lone random
 // write or read, a read-modify-write edge) goes through the lanes too. Below it, x/crypto
-// is quicker: its fused kernel gets block 0 almost free, where the lanes spend a whole
-// pass deriving one sector's keys, and a small sector has few blocks to win that back.
-// Measured on one core of the AMD EPYC of docs/benchmarks.md: 512-byte seal 0.85 µs
-// through the lanes against 0.62 for x/crypto, 1 KiB about even (0.95 against 0.85),
-// 4 KiB seal 1.35 against 2.2 and open 1.25 against 2.25.
-const loneFastSize = 2048
+// is quicker: its fused kernel gets block 0 almost free, where the lanes derive one
+// sector's keys on their own (chacha.XAEADKeys' scalar path for a lone nonce), and a
+// small sector has few blocks to win that back. Measured on one core of the AMD EPYC of
+// docs/benchmarks.md (medians of six runs): 512-byte seal 0.71 µs through the lanes
+// against 0.66 for x/crypto; 1 KiB seal 0.78 against 0.86, seal and open 1.41 against
+// 1.73; 4 KiB seal 1.21 against 2.1.
+const loneFastSize = 1024
 
 // viaXCrypto reports whether a chunk of k sectors goes to x/crypto sector by sector
 // rather than through the lanes.
