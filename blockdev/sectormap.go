@@ -1,6 +1,7 @@
 package blockdev
 
 import (
+	"cmp"
 	"math/bits"
 	"slices"
 	"unsafe"
@@ -10,7 +11,10 @@ import (
 // request is 256 of them), reads look up runs, and a commit walks the batch in index
 // order; so entries live in spans of spanSectors consecutive sectors, one map lookup per
 // span rather than per sector, and the commit sorts span keys, a sixteenth as many as
-// sectors, instead of every index.
+// sectors, instead of every index. The key list holds each span's pointer too: the
+// commit's walk and the reset then touch only the spans, not the map, and the reset
+// clears only the entries in use. Between a lone random write and its commit the batch's
+// memory leaves the cache, so what the commit touches per write is what it costs.
 
 const (
 	spanShift   = 4
@@ -42,8 +46,8 @@ func (sp *span) at(i uint64) (*entry, bool) {
 // do not change it, so concurrent readers need only exclude writers.
 type sectorMap struct {
 	spans map[uint64]*span
-	keys  []uint64 // of spans, in creation order until sorted
-	n     int      // entries
+	list  []spanRef // the spans, in creation order until sorted
+	n     int       // entries
 	free  []*span
 	// The span put used last: writes come in runs.
 	lastKey uint64
@@ -53,7 +57,13 @@ type sectorMap struct {
 func (m *sectorMap) len() int { return m.n }
 
 // spanCount is how many spans m holds.
-func (m *sectorMap) spanCount() int { return len(m.keys) }
+func (m *sectorMap) spanCount() int { return len(m.list) }
+
+// spanRef is a span and its key (its first sector / spanSectors).
+type spanRef struct {
+	key uint64
+	sp  *span
+}
 
 // spanAt is the span that would hold sector i, or nil (also when m is nil).
 func (m *sectorMap) spanAt(i uint64) *span {
@@ -82,7 +92,7 @@ func (m *sectorMap) put(i uint64, e entry) (old entry, replaced bool) {
 				sp = new(span)
 			}
 			m.spans[key] = sp
-			m.keys = append(m.keys, key)
+			m.list = append(m.list, spanRef{key, sp})
 		}
 		m.lastKey, m.last = key, sp
 	}
@@ -105,9 +115,11 @@ type ref struct {
 
 // appendSorted appends every sector and its entry to dst in increasing index order.
 func (m *sectorMap) appendSorted(dst []ref) []ref {
-	slices.Sort(m.keys)
-	for _, key := range m.keys {
-		sp := m.spans[key]
+	if !slices.IsSortedFunc(m.list, compareSpans) {
+		slices.SortFunc(m.list, compareSpans)
+	}
+	for _, s := range m.list {
+		key, sp := s.key, s.sp
 		for u := sp.used; u != 0; u &= u - 1 {
 			j := bits.TrailingZeros16(u)
 			dst = append(dst, ref{i: key<<spanShift | uint64(j), e: &sp.e[j]})
@@ -116,15 +128,18 @@ func (m *sectorMap) appendSorted(dst []ref) []ref {
 	return dst
 }
 
+func compareSpans(a, b spanRef) int { return cmp.Compare(a.key, b.key) }
+
 // reset empties m, giving each entry's slab reference back to pool (one release per run
 // of entries in the same slab).
 func (m *sectorMap) reset(pool *slabPool) {
 	var held *slab
 	var refs int32
-	for _, key := range m.keys {
-		sp := m.spans[key]
+	for _, s := range m.list {
+		sp := s.sp
 		for u := sp.used; u != 0; u &= u - 1 {
-			if sl := sp.e[bits.TrailingZeros16(u)].slab; sl != nil {
+			e := &sp.e[bits.TrailingZeros16(u)]
+			if sl := e.slab; sl != nil {
 				if sl != held {
 					if held != nil {
 						pool.releaseN(held, refs)
@@ -133,8 +148,9 @@ func (m *sectorMap) reset(pool *slabPool) {
 				}
 				refs++
 			}
+			*e = entry{}
 		}
-		*sp = span{}
+		sp.used = 0
 		if len(m.free) < maxFreeSpans {
 			m.free = append(m.free, sp)
 		}
@@ -143,7 +159,8 @@ func (m *sectorMap) reset(pool *slabPool) {
 		pool.releaseN(held, refs)
 	}
 	clear(m.spans)
-	m.keys = m.keys[:0]
+	clear(m.list) // the spans' pointers, for the collector
+	m.list = m.list[:0]
 	m.n = 0
 	m.last = nil
 }
