@@ -17,7 +17,8 @@ import (
 // writes disjoint pieces of one region through four connections at once, most of them
 // partial sectors shared with other pieces in flight, and demands that none is lost; and
 // finally it compares the whole exports after a flush on a fresh connection, and holds
-// every extent that eli's block status calls zero to reading as zeroes.
+// every extent that eli's block status calls zero to reading as zeroes; then once more
+// after a detach and a read-only attach.
 func TestDifferential(t *testing.T) {
 	t.Parallel()
 	py := testtool.NeedPythonNBD(t)
@@ -41,17 +42,27 @@ func TestDifferential(t *testing.T) {
 			uri := e.Attach(img)
 			ref := newStorage(e, "nbdkit", nbdInfo(t, uri).Size, nil, nil)
 
-			cmd := exec.Command(py, "testdata/nbddiff.py", uri, ref.uri, fmt.Sprint(k+1), "1500", "60")
-			var out, errb bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &errb
-			timer := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() })
-			err := cmd.Run()
-			timer.Stop()
-			if err != nil || strings.TrimSpace(out.String()) != "ok" {
-				t.Fatalf("nbddiff.py: %v\n%s%s\nserver log:\n%s", err, out.String(), errb.String(), e.serverLog("d.img"))
-			}
-			t.Log(strings.TrimSpace(errb.String()))
+			nbddiff(t, e, py, uri, ref.uri, fmt.Sprint(k+1), "1500", "60")
+			e.detach("d.img")
+			// What was written and flushed is what a new server serves.
+			uri = e.Attach(img, "--readonly")
+			nbddiff(t, e, py, "compare", uri, ref.uri)
 			e.detach("d.img")
 		})
 	}
+}
+
+// nbddiff runs testdata/nbddiff.py with args and fails t unless it says "ok".
+func nbddiff(t *testing.T, e *env, py string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(py, append([]string{"testdata/nbddiff.py"}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	timer := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() })
+	err := cmd.Run()
+	timer.Stop()
+	if err != nil || strings.TrimSpace(out.String()) != "ok" {
+		t.Fatalf("nbddiff.py %s: %v\n%s%s\nserver log:\n%s", args[0], err, out.String(), errb.String(), e.serverLog("d.img"))
+	}
+	t.Log(strings.TrimSpace(errb.String()))
 }

@@ -3,6 +3,7 @@
 # size, both driven by libnbd (python3-libnbd), for eli's integration tests.
 #
 #   nbddiff.py URI REFERENCE SEED OPS ROUNDS
+#   nbddiff.py compare URI REFERENCE      only the final comparison (after a re-attach)
 #
 # Phase 1, OPS requests one at a time, the same on both exports: writes, write-zeroes
 # (with and without NO_HOLE), trims, flushes, caches and reads, of random lengths from 1
@@ -42,6 +43,10 @@ def first_diff(a, b):
 
 
 def main(argv):
+    if argv[1] == "compare":
+        B = connect(argv[3])
+        compare(argv[2], B, B.get_size())
+        return
     uri, ref, seed, ops, rounds = argv[1], argv[2], int(argv[3]), int(argv[4]), int(argv[5])
     r = random.Random(seed)
     A, B = connect(uri), connect(ref)
@@ -123,7 +128,13 @@ def main(argv):
 
     A.flush()
     A.shutdown()
+    compare(uri, B, size)
+
+
+def compare(uri, B, size):
     A = connect(uri, meta=True)
+    if A.get_size() != size:
+        sys.exit(f"sizes differ: {A.get_size()} and {size}")
     image = bytearray()
     for o in range(0, size, 1 << 20):
         n = min(1 << 20, size - o)
