@@ -26,26 +26,36 @@ func TestDifferential(t *testing.T) {
 		mode   string
 		sector int
 		extra  []string
+		remote string // the provider: a file, or an export of this storage server
 	}{
-		{"xchacha20-poly1305", 4096, nil},
-		{"xchacha20-poly1305", 512, []string{"--format", "1", "--journal-size", "64K"}},
-		{"xchacha20-poly1305", 65536, nil},
-		{"aes-xts", 4096, nil},
-		{"chacha20-xts", 512, nil},
-		{"none", 4096, nil},
+		{"xchacha20-poly1305", 4096, nil, ""},
+		{"xchacha20-poly1305", 512, []string{"--format", "1", "--journal-size", "64K"}, ""},
+		{"xchacha20-poly1305", 65536, nil, ""},
+		{"aes-xts", 4096, nil, ""},
+		{"chacha20-xts", 512, nil, ""},
+		{"none", 4096, nil, ""},
+		{"xchacha20-poly1305", 4096, nil, "qemu-nbd"},
 	}
 	for k, cfg := range configs {
-		t.Run(fmt.Sprintf("%s/%d/%s", cfg.mode, cfg.sector, strings.Join(cfg.extra, "")), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%d/%s%s", cfg.mode, cfg.sector, strings.Join(cfg.extra, ""), cfg.remote), func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, true)
-			img := e.create(volume{name: "d.img", size: "40M", mode: cfg.mode, sector: cfg.sector, extra: cfg.extra})
-			uri := e.Attach(img)
+			var img string
+			var uri string
+			if cfg.remote != "" {
+				img = newStorage(e, cfg.remote, 40<<20, nil, nil).uri
+				e.remoteInit(img, "--sector-size", fmt.Sprint(cfg.sector))
+				uri = e.Attach(img, "--name", "d.img")
+			} else {
+				img = e.create(volume{name: "d.img", size: "40M", mode: cfg.mode, sector: cfg.sector, extra: cfg.extra})
+				uri = e.Attach(img)
+			}
 			ref := newStorage(e, "nbdkit", nbdInfo(t, uri).Size, nil, nil)
 
 			nbddiff(t, e, py, uri, ref.uri, fmt.Sprint(k+1), "1500", "60")
 			e.detach("d.img")
 			// What was written and flushed is what a new server serves.
-			uri = e.Attach(img, "--readonly")
+			uri = e.Attach(img, "--readonly", "--name", "d.img")
 			nbddiff(t, e, py, "compare", uri, ref.uri)
 			e.detach("d.img")
 		})

@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -84,7 +85,14 @@ func tlsDirs(t testing.TB, dir string) (srv, cli string) {
 func newStorage(e *env, kind string, size int64, filters, params []string) *storage {
 	t := e.t
 	t.Helper()
+	// A test may run several (a remote provider and a reference): each its own file.
 	s := &storage{t: t, file: e.Path("export.img")}
+	for n := 2; ; n++ {
+		if _, err := os.Stat(s.file); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		s.file = e.Path(fmt.Sprintf("export-%d.img", n))
+	}
 	s.sock = filepath.Join(e.mkdirTemp("", "nbd"), "s")
 	if err := os.WriteFile(s.file, nil, 0o600); err != nil {
 		t.Fatal(err)
