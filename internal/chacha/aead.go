@@ -53,15 +53,14 @@ func xaeadKeys(e engine, key *[KeySize]byte, nonces, subkeys, polyKeys []byte) {
 	if overlap(subkeys, nonces) || overlap(polyKeys, nonces) || overlap(subkeys, polyKeys) {
 		panic("chacha: XAEADKeys given overlapping nonces, subkeys or Poly1305 keys")
 	}
-	var st [16]uint32
-	initState(&st, key)
 	if n == 1 {
 		// A lone message (a random 4 KiB write): the vector kernels would fill every lane
 		// for one, and cost more than the scalar code for its two blocks (BenchmarkXAEADKeys).
-		xaeadKeysOne(&st, nonces, subkeys, polyKeys)
-		clear(st[4:12])
+		xaeadKeysOne(key, nonces, subkeys, polyKeys)
 		return
 	}
+	var st [16]uint32
+	initState(&st, key)
 	var hn [manyChunk * HNonceSize]byte
 	var in [16][16]uint32
 	var out [8][16]uint32
@@ -93,17 +92,18 @@ func xaeadKeys(e engine, key *[KeySize]byte, nonces, subkeys, polyKeys []byte) {
 	out = [8][16]uint32{}
 }
 
-// xaeadKeysOne is xaeadKeys for one nonce, with the portable code, st the key's state.
-func xaeadKeysOne(st *[16]uint32, nonce, subkey, polyKey []byte) {
-	hchachaManyGeneric(st, aeadRounds, nonce[:HNonceSize], subkey)
+// xaeadKeysOne is xaeadKeys for one nonce, with the portable code.
+func xaeadKeysOne(key *[KeySize]byte, nonce, subkey, polyKey []byte) {
+	var st [16]uint32
+	initState(&st, key)
+	hchachaManyGeneric(&st, aeadRounds, nonce[:HNonceSize], subkey)
+	clear(st[4:12])
 	x := xStateOf(subkey, nonce[16:])
-	b := x
-	permute(&b, aeadRounds)
-	for w := range 8 {
-		binary.LittleEndian.PutUint32(polyKey[4*w:], b[w]+x[w])
-	}
+	var block [BlockSize]byte
+	blockGeneric(&x, aeadRounds, &block)
+	copy(polyKey[:PolyKeySize], block[:])
 	clear(x[:])
-	clear(b[:])
+	clear(block[:])
 }
 
 func xorSubkeys(e engine, subkeys, nonces, dst, src []byte) {
