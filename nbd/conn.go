@@ -82,6 +82,7 @@ type request struct {
 	length      uint64 // 32 bits on the wire unless extended headers are in use
 	held        int64  // budget bytes taken
 	fromReserve bool   // the budget came from the connection's reserve
+	gathers     bool   // counted in out.busy until its reply: see replyWriter
 	buf         *[]byte
 }
 
@@ -115,6 +116,10 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c.out.dl = nc
 	c.out.deadline = s.transferDeadline
 	c.out.slack = orDefault(s.IOTimeout, DefaultIOTimeout) / 2
+	c.out.epoch = c.start
+	c.out.boundAfter = orDefault(s.gatherBound, gatherBound)
+	c.out.bound = time.AfterFunc(time.Hour, c.out.checkBound)
+	c.out.bound.Stop()
 	return c
 }
 
@@ -209,6 +214,7 @@ func (c *conn) transmit() (string, slog.Level) {
 	c.handOn.Stop()
 	close(c.work)
 	c.workers.Wait()
+	c.out.bound.Stop()
 	if c.wrote.Load() {
 		if err := c.exp.Backend.Flush(); err != nil {
 			c.log.Error("nbd: flush at disconnect failed", "export", c.exp.Name, "err", err)
@@ -317,6 +323,10 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 				c.release(req)
 				return ended(c.payloadFailure(err, &r))
 			}
+		}
+		if r.typ != nbdproto.CmdFlush && r.flags&nbdproto.CmdFlagFUA == 0 {
+			req.gathers = true
+			c.out.busy.Add(1)
 		}
 		if c.inlineOK(req, br) {
 			if !c.runInline(req) {

@@ -99,6 +99,8 @@ type Server struct {
 	drainTime time.Duration
 	// handOnAfter overrides the constant of that name (inline.go), for tests.
 	handOnAfter time.Duration
+	// gatherBound overrides the constant of that name (reply.go), for tests.
+	gatherBound time.Duration
 
 	initOnce sync.Once
 	initErr  error

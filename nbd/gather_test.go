@@ -1,0 +1,161 @@
+package nbd
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/elidisk/eli/nbd/nbdproto"
+)
+
+// replyWrites is how many system calls wrote replies, over every connection of s.
+func replyWrites(s *Server) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n uint64
+	for c := range s.conns {
+		c.out.mu.Lock()
+		n += c.out.writes
+		c.out.mu.Unlock()
+	}
+	return n
+}
+
+// TestRepliesGathered: replies to requests that finish while others of the connection
+// run go out together, in one system call once the last of them is done; a client that
+// sends one request at a time gets each reply at once.
+func TestRepliesGathered(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	// Writes from gated on wait until gate is closed; arrived counts them.
+	const gated = 512 << 10
+	gate := make(chan struct{})
+	var arrived atomic.Int32
+	mem.hook = func(name string, off, n int64, f Flags) error {
+		if name == "write" && off >= gated {
+			arrived.Add(1)
+			<-gate
+		}
+		return nil
+	}
+	s := oneExportServer(mem, nil)
+	s.gatherBound = time.Minute // only the last request's reply writes
+	path := serveUnix(t, s)
+	rc, _ := mustConnect(t, path, true)
+
+	// One at a time: nothing else runs, so nothing waits (with a minute's bound, a
+	// reply that waited would time the client out).
+	const alone = 20
+	before := replyWrites(s)
+	for i := range alone {
+		if r := rc.roundTrip(t, nbdproto.CmdWrite, 0, uint64(i)*4096, 4096, pattern(4096, byte(i))); r.err != 0 {
+			t.Fatalf("write %d: error %d", i, r.err)
+		}
+	}
+	if got := replyWrites(s) - before; got != alone {
+		t.Fatalf("%d replies to requests sent one at a time took %d writes", alone, got)
+	}
+
+	// Eight at once, all held in the backend until every one has arrived there.
+	const n = 8
+	for i := range n {
+		if err := rc.send(nbdproto.CmdWrite, 0, uint64(100+i), gated+uint64(i)*4096, 4096, pattern(4096, byte(50+i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); arrived.Load() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d writes reached the backend", arrived.Load(), n)
+		}
+	}
+	before = replyWrites(s)
+	close(gate)
+	seen := map[uint64]bool{}
+	for range n {
+		r, err := rc.readReply()
+		if err != nil || r.err != 0 {
+			t.Fatalf("reply %+v: %v", r, err)
+		}
+		seen[r.handle] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("replies for handles %v, want %d distinct", seen, n)
+	}
+	if got := replyWrites(s) - before; got != 1 {
+		t.Fatalf("%d replies of requests that ran together took %d writes, want 1", n, got)
+	}
+}
+
+// TestGatherBound: a reply waits for a slow request's at most about the bound, and
+// replies to a FUA write and a FLUSH never wait.
+func TestGatherBound(t *testing.T) {
+	t.Parallel()
+	for _, bound := range []time.Duration{20 * time.Millisecond, time.Minute} {
+		t.Run(bound.String(), func(t *testing.T) {
+			t.Parallel()
+			mem := newMem(1 << 20)
+			release := make(chan struct{})
+			mem.hook = func(name string, off, n int64, f Flags) error {
+				if name == "read" && off == 0 {
+					<-release
+				}
+				return nil
+			}
+			s := oneExportServer(mem, nil)
+			s.gatherBound = bound
+			path := serveUnix(t, s)
+			rc, _ := mustConnect(t, path, true)
+			rc.send(nbdproto.CmdRead, 0, 1, 0, 4096, nil) // blocks until release
+
+			// Neither waits for the blocked read, whatever the bound.
+			rc.send(nbdproto.CmdWrite, nbdproto.CmdFlagFUA, 2, 4096, 4096, pattern(4096, 2))
+			rc.send(nbdproto.CmdFlush, 0, 3, 0, 0, nil)
+			got := map[uint64]bool{}
+			for range 2 {
+				r, err := rc.readReply()
+				if err != nil || r.err != 0 {
+					t.Fatalf("FUA write or flush while a read blocks: %+v %v", r, err)
+				}
+				got[r.handle] = true
+			}
+			if !got[2] || !got[3] {
+				t.Fatalf("replies %v, want the FUA write's (2) and the flush's (3)", got)
+			}
+
+			// A plain write's reply waits for the read, up to the bound.
+			start := time.Now()
+			rc.send(nbdproto.CmdWrite, 0, 4, 8192, 4096, pattern(4096, 4))
+			if bound < time.Second {
+				r, err := rc.readReply()
+				if err != nil || r.handle != 4 || r.err != 0 {
+					t.Fatalf("write while a read blocks: %+v %v", r, err)
+				}
+				if waited := time.Since(start); waited < bound {
+					t.Fatalf("the write's reply came after %v, before the %v bound", waited, bound)
+				}
+				close(release)
+				if r, err := rc.readReply(); err != nil || r.handle != 1 || r.err != 0 {
+					t.Fatalf("blocked read: %+v %v", r, err)
+				}
+				return
+			}
+			rc.c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			if r, err := rc.readReply(); err == nil {
+				t.Fatalf("reply %+v came while the read blocked, under a minute's bound", r)
+			}
+			rc.c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			close(release)
+			got = map[uint64]bool{}
+			for range 2 {
+				r, err := rc.readReply()
+				if err != nil || r.err != 0 {
+					t.Fatalf("after the read's release: %+v %v", r, err)
+				}
+				got[r.handle] = true
+			}
+			if !got[1] || !got[4] {
+				t.Fatalf("replies %v, want the read's (1) and the write's (4)", got)
+			}
+		})
+	}
+}
