@@ -268,7 +268,8 @@ func (nullBackend) Trim(off, n int64, f Flags) error           { return nil }
 func (nullBackend) Flush() error                               { return nil }
 
 // BenchmarkServer drives the server in-process with a pipelining raw client (32 requests
-// in flight) over a unix socket: the server's own cost per request, and its allocations.
+// in flight) over a unix socket: the server's own cost per request, its allocations, and
+// the system calls that wrote replies per request (reply.go gathers them).
 func BenchmarkServer(b *testing.B) {
 	for _, tc := range []struct {
 		name string
@@ -319,6 +320,7 @@ func BenchmarkServer(b *testing.B) {
 			}
 			b.SetBytes(int64(tc.size))
 			b.ReportAllocs()
+			w0 := replyWrites(srv)
 			b.ResetTimer()
 			sent := 0
 			for ; sent < depth && sent < b.N; sent++ {
@@ -331,6 +333,8 @@ func BenchmarkServer(b *testing.B) {
 					sent++
 				}
 			}
+			b.StopTimer()
+			b.ReportMetric(float64(replyWrites(srv)-w0)/float64(b.N), "reply-writes/op")
 		})
 	}
 }
