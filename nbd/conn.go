@@ -118,6 +118,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c.out.slack = orDefault(s.IOTimeout, DefaultIOTimeout) / 2
 	c.out.epoch = c.start
 	c.out.boundAfter = orDefault(s.gatherBound, gatherBound)
+	c.out.abort = c.abort
 	c.out.bound = time.AfterFunc(time.Hour, c.out.checkBound)
 	c.out.bound.Stop()
 	return c

@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -157,5 +158,33 @@ func TestGatherBound(t *testing.T) {
 				t.Fatalf("replies %v, want the read's (1) and the write's (4)", got)
 			}
 		})
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write(p []byte) (int, error) { return 0, errors.New("client gone") }
+
+// TestGatherBoundWriteFails: replies the bound timer writes, and fails to, end the
+// connection, as a failed write in a request's goroutine does: no later reply is left
+// to notice it.
+func TestGatherBoundWriteFails(t *testing.T) {
+	t.Parallel()
+	aborted := make(chan struct{})
+	o := &replyWriter{w: failingWriter{}, epoch: time.Now(), boundAfter: time.Millisecond,
+		abort: func() { close(aborted) }}
+	o.bound = time.AfterFunc(time.Hour, o.checkBound)
+	o.bound.Stop()
+	o.busy.Add(1) // another request still runs, so this reply waits
+	if err := o.send(make([]byte, nbdproto.SimpleReplyHeaderLen), nil, true); err != nil {
+		t.Fatalf("a reply that waits: %v", err)
+	}
+	select {
+	case <-aborted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the bound timer's failed write did not end the connection")
+	}
+	if o.failure() == nil {
+		t.Fatal("the failed write left no error for later replies")
 	}
 }

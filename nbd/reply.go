@@ -50,6 +50,7 @@ type replyWriter struct {
 	gatheredAt time.Duration // guarded by mu: when the first of them was gathered, since epoch
 	epoch      time.Time
 	bound      *time.Timer   // writes replies that waited too long: checkBound
+	abort      func()        // ends the connection when checkBound's write fails
 	boundAfter time.Duration // gatherBound, or the server's override for tests
 	watching   bool          // guarded by mu: bound is armed
 	writes     uint64        // guarded by mu: system calls that wrote replies, for tests
@@ -138,7 +139,8 @@ func (o *replyWriter) watch() {
 
 // checkBound runs in the bound timer's goroutine: it writes replies that have waited for
 // gatherBound, arms the timer again for the rest of a younger gathering, and otherwise
-// ends the watch until the next.
+// ends the watch until the next. A failed write ends the connection, as a failed send
+// does (conn.sent): no request may be left waiting for a later reply to notice it.
 func (o *replyWriter) checkBound() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -147,7 +149,9 @@ func (o *replyWriter) checkBound() {
 			o.bound.Reset(o.boundAfter - waited)
 			return
 		}
-		o.writePending()
+		if o.writePending(); o.err != nil {
+			o.abort()
+		}
 	}
 	o.watching = false
 }
