@@ -14,52 +14,20 @@
 # servers alike within a round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-size=${SIZE:-1G}
 rounds=${ROUNDS:-6}
 
-work=$(mktemp -d "${DIR:-/dev/shm}/eli-copycpu.XXXXXX")
-pid=
-cleanup() {
-	[ -z "$pid" ] || kill "$pid" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-eli=${ELI:-}
-if [ -z "$eli" ]; then
-	eli=$work/eli
-	go build -o "$eli" ./cmd/eli
-fi
-mkdir -m 700 "$work/state"
-echo bench >"$work/pass"
-head -c "$size" /dev/urandom >"$work/src"
-bytes=$(stat -c %s "$work/src")
+. bench/common.sh
+bench_setup copycpu
 truncate -s $((bytes + bytes / 16)) "$work/none.img"
-"$eli" init --cipher none --unsafe --passphrase-file "$work/pass" --kdf-time 1 --kdf-memory 8 \
-	--kdf-threads 1 "$work/none.img" >/dev/null 2>&1
+"$eli" init --cipher none --unsafe "${kdf[@]}" "$work/none.img" >/dev/null 2>&1
 
-# serve TARGET: starts the server of TARGET on a unix socket; sets pid and sock.
-serve() {
-	sock=$work/$1.sock
-	rm -f "$sock"
+# serve TARGET: starts eli none or nbdkit file (kit) on a unix socket; sets pid and sock.
+serve_target() {
 	case $1 in
-	none)
-		ELI_WITNESS_DIR=$work/witness "$eli" --state-dir "$work/state" attach --foreground \
-			--passphrase-file "$work/pass" --name none --socket "$sock" "$work/none.img" >>"$work/none.log" 2>&1 &
-		;;
-	kit) nbdkit -f -U "$sock" file file="$work/kit.img" >>"$work/kit.log" 2>&1 & ;;
+	none) serve_eli none ;;
+	kit) serve kit nbdkit -f -U "$work/kit.sock" file file="$work/kit.img" ;;
 	esac
-	pid=$!
-	for _ in $(seq 200); do [ -S "$sock" ] && return; sleep 0.05; done
-	echo "the $1 server did not start:" >&2
-	cat "$work/$1.log" >&2
-	exit 1
 }
-unserve() {
-	kill "$pid"
-	wait "$pid" || true
-	pid=
-}
-cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # copy: one nbdcopy into the server at sock; prints seconds, nbdcopy's CPU seconds.
 copy() {
@@ -75,7 +43,7 @@ EOF
 }
 
 # nbdkit's export is as large as eli's, so that the two copies differ in nothing else.
-serve none
+serve_target none
 truncate -s "$(nbdinfo --size "nbd+unix:///?socket=$sock")" "$work/kit.img"
 unserve
 
@@ -85,7 +53,7 @@ echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f
 # One warm-up copy each: fills both backing files, so that every measured copy
 # overwrites allocated pages.
 for t in kit none; do
-	serve "$t"
+	serve_target "$t"
 	copy >/dev/null
 	unserve
 done
@@ -94,7 +62,7 @@ for r in $(seq "$rounds"); do
 	order=(kit none)
 	[ $((r % 2)) -eq 1 ] || order=(none kit)
 	for t in "${order[@]}"; do
-		serve "$t"
+		serve_target "$t"
 		t0=$(cputicks "$pid")
 		read -r secs client < <(copy)
 		t1=$(cputicks "$pid")

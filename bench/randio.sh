@@ -19,46 +19,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 workloads=("$@")
 [ ${#workloads[@]} -gt 0 ] || workloads=(randwrite:32 randwrite:1 randread:32 randread:1 syncwrite:1)
-size=${SIZE:-1G}
 runtime=${RUNTIME:-5}
 rounds=${ROUNDS:-3}
 
-work=$(mktemp -d "${DIR:-/dev/shm}/eli-randio.XXXXXX")
-pid=
-cleanup() {
-	[ -z "$pid" ] || kill "$pid" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-eli=${ELI:-}
-if [ -z "$eli" ]; then
-	eli=$work/eli
-	go build -o "$eli" ./cmd/eli
-fi
-mkdir -m 700 "$work/state"
-echo bench >"$work/pass"
-head -c "$size" /dev/urandom >"$work/src"
-bytes=$(stat -c %s "$work/src")
-kdf=(--passphrase-file "$work/pass" --kdf-time 1 --kdf-memory 8 --kdf-threads 1)
-
-# serve VOL: attach VOL in the foreground on a unix socket; sets pid and sock.
-serve() {
-	sock=$work/$1.sock
-	rm -f "$sock"
-	ELI_WITNESS_DIR=$work/witness "$eli" --state-dir "$work/state" attach --foreground \
-		--passphrase-file "$work/pass" --name "$1" --socket "$sock" "$work/$1.img" >>"$work/$1.log" 2>&1 &
-	pid=$!
-	for _ in $(seq 200); do [ -S "$sock" ] && return; sleep 0.05; done
-	echo "eli attach of $1 did not start:" >&2
-	cat "$work/$1.log" >&2
-	exit 1
-}
-unserve() {
-	kill "$pid"
-	wait "$pid" || true
-	pid=
-}
-cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+. bench/common.sh
+bench_setup randio
 
 vols=(none x1 x2)
 for v in "${vols[@]}"; do
@@ -69,7 +34,7 @@ for v in "${vols[@]}"; do
 	x1) "$eli" init --format 1 "${kdf[@]}" "$work/$v.img" ;;
 	x2) "$eli" init --format 2 "${kdf[@]}" "$work/$v.img" ;;
 	esac >/dev/null 2>&1
-	serve "$v"
+	serve_eli "$v"
 	nbdcopy --flush "$work/src" "nbd+unix:///?socket=$sock"
 	unserve
 done
@@ -85,7 +50,7 @@ for w in "${workloads[@]}"; do
 	[ "$rw" != syncwrite ] || fiorw=randwrite sync=1
 	for r in $(seq "$rounds"); do
 		for v in "${vols[@]}"; do
-			serve "$v"
+			serve_eli "$v"
 			t0=$(cputicks "$pid")
 			out=$(fio --name=randio --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw="$fiorw" --bs=4k \
 				--fsync="$sync" --iodepth="$qd" --numjobs=1 --size="$bytes" --time_based --runtime="${runtime}s" \

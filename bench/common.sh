@@ -1,0 +1,57 @@
+# Sourced by bench/randio.sh and bench/copycpu.sh: a work directory on tmpfs that goes
+# away on exit, the eli binary, a passphrase and state directory for it, SIZE of random
+# data, and the servers' start and stop.
+#
+#   bench_setup NAME   sets work, eli, kdf, bytes (and $work/src, SIZE of random data)
+#   serve NAME CMD...  starts CMD (its log in $work/NAME.log) and waits for $work/NAME.sock;
+#                      sets pid and sock
+#   serve_eli NAME     serve NAME: eli attach of $work/NAME.img in the foreground
+#   unserve            stops the server that serve started
+#   cputicks PID       user + system clock ticks of PID so far
+
+bench_setup() {
+	work=$(mktemp -d "${DIR:-/dev/shm}/eli-$1.XXXXXX")
+	pid=
+	trap bench_cleanup EXIT
+	eli=${ELI:-}
+	if [ -z "$eli" ]; then
+		eli=$work/eli
+		go build -o "$eli" ./cmd/eli
+	fi
+	mkdir -m 700 "$work/state"
+	echo bench >"$work/pass"
+	kdf=(--passphrase-file "$work/pass" --kdf-time 1 --kdf-memory 8 --kdf-threads 1)
+	head -c "${SIZE:-1G}" /dev/urandom >"$work/src"
+	bytes=$(stat -c %s "$work/src")
+}
+
+bench_cleanup() {
+	[ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+	rm -rf "$work"
+}
+
+serve() {
+	local name=$1
+	shift
+	sock=$work/$name.sock
+	rm -f "$sock"
+	"$@" >>"$work/$name.log" 2>&1 &
+	pid=$!
+	for _ in $(seq 200); do [ -S "$sock" ] && return; sleep 0.05; done
+	echo "the $name server did not start:" >&2
+	cat "$work/$name.log" >&2
+	exit 1
+}
+
+serve_eli() {
+	serve "$1" env ELI_WITNESS_DIR="$work/witness" "$eli" --state-dir "$work/state" attach \
+		--foreground --passphrase-file "$work/pass" --name "$1" --socket "$work/$1.sock" "$work/$1.img"
+}
+
+unserve() {
+	kill "$pid"
+	wait "$pid" || true
+	pid=
+}
+
+cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
