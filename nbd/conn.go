@@ -116,7 +116,6 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c.out.dl = nc
 	c.out.deadline = s.transferDeadline
 	c.out.slack = orDefault(s.IOTimeout, DefaultIOTimeout) / 2
-	c.out.epoch = c.start
 	c.out.boundAfter = orDefault(s.gatherBound, gatherBound)
 	c.out.abort = c.abort
 	c.out.bound = time.AfterFunc(time.Hour, c.out.checkBound)

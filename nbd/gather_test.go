@@ -22,6 +22,20 @@ func replyWrites(s *Server) uint64 {
 	return n
 }
 
+// readHandles reads n successful replies and returns the handles they answered.
+func readHandles(t *testing.T, rc *rawClient, n int, what string) map[uint64]bool {
+	t.Helper()
+	got := map[uint64]bool{}
+	for range n {
+		r, err := rc.readReply()
+		if err != nil || r.err != 0 {
+			t.Fatalf("%s: reply %+v: %v", what, r, err)
+		}
+		got[r.handle] = true
+	}
+	return got
+}
+
 // TestRepliesGathered: replies to requests that finish while others of the connection
 // run go out together, in one system call once the last of them is done; a client that
 // sends one request at a time gets each reply at once.
@@ -71,15 +85,7 @@ func TestRepliesGathered(t *testing.T) {
 	}
 	before = replyWrites(s)
 	close(gate)
-	seen := map[uint64]bool{}
-	for range n {
-		r, err := rc.readReply()
-		if err != nil || r.err != 0 {
-			t.Fatalf("reply %+v: %v", r, err)
-		}
-		seen[r.handle] = true
-	}
-	if len(seen) != n {
+	if seen := readHandles(t, rc, n, "released writes"); len(seen) != n {
 		t.Fatalf("replies for handles %v, want %d distinct", seen, n)
 	}
 	if got := replyWrites(s) - before; got != 1 {
@@ -111,14 +117,7 @@ func TestGatherBound(t *testing.T) {
 			// Neither waits for the blocked read, whatever the bound.
 			rc.send(nbdproto.CmdWrite, nbdproto.CmdFlagFUA, 2, 4096, 4096, pattern(4096, 2))
 			rc.send(nbdproto.CmdFlush, 0, 3, 0, 0, nil)
-			got := map[uint64]bool{}
-			for range 2 {
-				r, err := rc.readReply()
-				if err != nil || r.err != 0 {
-					t.Fatalf("FUA write or flush while a read blocks: %+v %v", r, err)
-				}
-				got[r.handle] = true
-			}
+			got := readHandles(t, rc, 2, "FUA write or flush while a read blocks")
 			if !got[2] || !got[3] {
 				t.Fatalf("replies %v, want the FUA write's (2) and the flush's (3)", got)
 			}
@@ -146,14 +145,7 @@ func TestGatherBound(t *testing.T) {
 			}
 			rc.c.SetReadDeadline(time.Now().Add(20 * time.Second))
 			close(release)
-			got = map[uint64]bool{}
-			for range 2 {
-				r, err := rc.readReply()
-				if err != nil || r.err != 0 {
-					t.Fatalf("after the read's release: %+v %v", r, err)
-				}
-				got[r.handle] = true
-			}
+			got = readHandles(t, rc, 2, "after the read's release")
 			if !got[1] || !got[4] {
 				t.Fatalf("replies %v, want the read's (1) and the write's (4)", got)
 			}
@@ -171,7 +163,7 @@ func (failingWriter) Write(p []byte) (int, error) { return 0, errors.New("client
 func TestGatherBoundWriteFails(t *testing.T) {
 	t.Parallel()
 	aborted := make(chan struct{})
-	o := &replyWriter{w: failingWriter{}, epoch: time.Now(), boundAfter: time.Millisecond,
+	o := &replyWriter{w: failingWriter{}, boundAfter: time.Millisecond,
 		abort: func() { close(aborted) }}
 	o.bound = time.AfterFunc(time.Hour, o.checkBound)
 	o.bound.Stop()

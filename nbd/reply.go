@@ -47,8 +47,7 @@ type replyWriter struct {
 	// Replies waiting for later ones (see above).
 	busy       atomic.Int32  // requests running whose replies may wait for a later one
 	gathered   int           // guarded by mu: replies in pending that wait so
-	gatheredAt time.Duration // guarded by mu: when the first of them was gathered, since epoch
-	epoch      time.Time
+	gatheredAt time.Time     // guarded by mu: when the first of them was gathered
 	bound      *time.Timer   // writes replies that waited too long: checkBound
 	abort      func()        // ends the connection when checkBound's write fails
 	boundAfter time.Duration // gatherBound, or the server's override for tests
@@ -105,7 +104,7 @@ func (o *replyWriter) send(hdr, data []byte, mayWait bool) error {
 	o.pending = append(o.pending, data...)
 	if mayWait && o.busy.Load() > 0 && o.gathered < maxGathered && len(o.pending) < flushAt {
 		if o.gathered == 0 {
-			o.gatheredAt = time.Since(o.epoch)
+			o.gatheredAt = time.Now()
 			o.watch()
 		}
 		o.gathered++
@@ -145,7 +144,7 @@ func (o *replyWriter) checkBound() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.gathered > 0 && o.err == nil {
-		if waited := time.Since(o.epoch) - o.gatheredAt; waited < o.boundAfter {
+		if waited := time.Since(o.gatheredAt); waited < o.boundAfter {
 			o.bound.Reset(o.boundAfter - waited)
 			return
 		}
