@@ -126,6 +126,19 @@ func (m *memBackend) fill(seed byte) {
 	m.mu.Unlock()
 }
 
+// blockReadAt0 makes every read of mem at offset 0 wait until the returned channel is
+// closed: a slow request, for tests of what must not wait for it.
+func blockReadAt0(mem *memBackend) chan struct{} {
+	release := make(chan struct{})
+	mem.hook = func(name string, off, n int64, f Flags) error {
+		if name == "read" && off == 0 {
+			<-release
+		}
+		return nil
+	}
+	return release
+}
+
 // failRange returns a hook that fails calls named name touching [from, to) with err.
 func failRange(name string, from, to int64, err error) func(string, int64, int64, Flags) error {
 	return func(n string, off, length int64, _ Flags) error {

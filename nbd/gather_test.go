@@ -101,13 +101,7 @@ func TestGatherBound(t *testing.T) {
 		t.Run(bound.String(), func(t *testing.T) {
 			t.Parallel()
 			mem := newMem(1 << 20)
-			release := make(chan struct{})
-			mem.hook = func(name string, off, n int64, f Flags) error {
-				if name == "read" && off == 0 {
-					<-release
-				}
-				return nil
-			}
+			release := blockReadAt0(mem)
 			s := oneExportServer(mem, nil)
 			s.gatherBound = bound
 			path := serveUnix(t, s)

@@ -62,13 +62,7 @@ func TestInlineHandsOn(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			mem := newMem(1 << 20)
-			release := make(chan struct{})
-			mem.hook = func(name string, off, n int64, f Flags) error {
-				if name == "read" && off == 0 {
-					<-release
-				}
-				return nil
-			}
+			release := blockReadAt0(mem)
 			s := oneExportServer(mem, nil)
 			path := serveUnix(t, s)
 			rc, _ := mustConnect(t, path, true)

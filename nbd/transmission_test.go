@@ -319,13 +319,7 @@ func TestBackendErrors(t *testing.T) {
 func TestOutOfOrder(t *testing.T) {
 	t.Parallel()
 	mem := newMem(1 << 20)
-	release := make(chan struct{})
-	mem.hook = func(name string, off, n int64, f Flags) error {
-		if name == "read" && off == 0 {
-			<-release
-		}
-		return nil
-	}
+	release := blockReadAt0(mem)
 	path := serveUnix(t, oneExportServer(mem, nil))
 	rc, _ := mustConnect(t, path, true)
 	rc.send(nbdproto.CmdRead, 0, 1, 0, 4096, nil)
