@@ -13,7 +13,8 @@
 #   Environment: SIZE (default 1G), RUNTIME (seconds per fio run, default 5), ROUNDS (3),
 #                ELI (binary; default: go build ./cmd/eli), DIR (tmpfs, default /dev/shm).
 #
-# Ratios to quote are xchacha/none of the same round. The server's CPU per I/O tells
+# Ratios to quote are xchacha/none of the same round; the summary at the end gives their
+# medians and ranges. The server's CPU per I/O tells
 # where a ratio comes from on a machine whose two cores fio shares with the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +58,7 @@ for w in "${workloads[@]}"; do
 				--ramp_time=1s --output-format=json 2>/dev/null)
 			t1=$(cputicks "$pid")
 			unserve
-			python3 - "$v" "$rw" "$qd" "$r" $((t1 - t0)) "$hz" "$out" <<'EOF'
+			python3 - "$v" "$rw" "$qd" "$r" $((t1 - t0)) "$hz" "$out" <<'EOF' | tee -a "$work/results"
 import json, sys
 v, rw, qd, r, ticks, hz, out = sys.argv[1:]
 job = json.loads(out[out.index("{"):])["jobs"][0]
@@ -72,3 +73,26 @@ EOF
 		done
 	done
 done
+
+# The summary: per workload, each volume's medians, and the medians (and ranges) of the
+# rounds' x1/none and x2/none ratios of IOPS and of p99 latency.
+python3 - "$work/results" <<'EOF'
+import collections, statistics, sys
+runs = collections.defaultdict(dict)  # (rw, qd) -> {(round, vol): (iops, p99, cpu)}
+for l in open(sys.argv[1]):
+    f = l.replace(":", " ").split()
+    rw, qd, r, v = f[0], f[1], f[3], f[4]
+    runs[(rw, qd)][(r, v)] = (float(f[5]), float(f[f.index("p99") + 1]), float(f[f.index("CPU") + 1]))
+med = statistics.median
+print("summary (medians over rounds; ratios per round, then their median and range):")
+for (rw, qd), got in runs.items():
+    rounds = sorted({r for r, _ in got})
+    for v in ("none", "x1", "x2"):
+        x = [got[(r, v)] for r in rounds]
+        line = f"{rw} {qd} {v:4}: {med(a[0] for a in x):8.0f} IOPS  p99 {med(a[1] for a in x):6.0f} us  server CPU {med(a[2] for a in x):5.1f} us/IO"
+        if v != "none":
+            iops = sorted(got[(r, v)][0] / got[(r, "none")][0] for r in rounds)
+            p99 = sorted(got[(r, v)][1] / got[(r, "none")][1] for r in rounds)
+            line += f"  /none: IOPS {med(iops):.2f} ({iops[0]:.2f}-{iops[-1]:.2f}), p99 {med(p99):.2f} ({p99[0]:.2f}-{p99[-1]:.2f})"
+        print(line)
+EOF
