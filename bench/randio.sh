@@ -14,8 +14,8 @@
 #                ELI (binary; default: go build ./cmd/eli), DIR (tmpfs, default /dev/shm).
 #
 # Ratios to quote are xchacha/none of the same round; the summary at the end gives their
-# medians and ranges. The server's CPU per I/O tells
-# where a ratio comes from on a machine whose two cores fio shares with the server.
+# medians and ranges. The server's CPU per I/O tells where a ratio comes from on a machine
+# whose two cores fio shares with the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workloads=("$@")
