@@ -8,7 +8,9 @@
 #   Usage: bench/copycpu.sh
 #   Environment: SIZE (default 1G), ROUNDS (6), ELI (binary; default: go build ./cmd/eli),
 #                DIR (tmpfs, default /dev/shm), NBDCOPY_FLAGS (more nbdcopy options, such
-#                as --connections=1).
+#                as --connections=1), PIN=split (nbdcopy on CPU 0, every thread of the
+#                server on CPU 1: the same placement for both servers, where otherwise the
+#                kernel's placement of each server's threads beside nbdcopy's differs).
 #
 # The ratio to quote is the median of the rounds' ratios: the machine's load moves both
 # servers alike within a round.
@@ -22,19 +24,32 @@ truncate -s $((bytes + bytes / 16)) "$work/none.img"
 "$eli" init --cipher none --unsafe "${kdf[@]}" "$work/none.img" >/dev/null 2>&1
 
 # serve TARGET: starts eli none or nbdkit file (kit) on a unix socket; sets pid and sock.
+client_pin=()
+case ${PIN:-} in
+'') ;;
+split) client_pin=(taskset -c 0) ;;
+*)
+	echo "PIN=$PIN: want split or nothing" >&2
+	exit 2
+	;;
+esac
+
 serve_target() {
 	case $1 in
 	none) serve_eli none ;;
 	kit) serve kit nbdkit -f -U "$work/kit.sock" file file="$work/kit.img" ;;
 	esac
+	# Threads the server starts later inherit the affinity of the thread that starts them.
+	[ -z "${PIN:-}" ] || taskset -a -p -c 1 "$pid" >/dev/null
 }
 
 # copy: one nbdcopy into the server at sock; prints seconds, nbdcopy's CPU seconds.
 copy() {
-	python3 - "$work/src" "nbd+unix:///?socket=$sock" ${NBDCOPY_FLAGS:-} <<'EOF'
+	python3 - "$work/src" "nbd+unix:///?socket=$sock" "${client_pin[@]}" nbdcopy --flush ${NBDCOPY_FLAGS:-} <<'EOF'
 import os, sys, time
 t0 = time.monotonic()
-pid = os.spawnvp(os.P_NOWAIT, "nbdcopy", ["nbdcopy", "--flush", *sys.argv[3:], sys.argv[1], sys.argv[2]])
+argv = [*sys.argv[3:], sys.argv[1], sys.argv[2]]
+pid = os.spawnvp(os.P_NOWAIT, argv[0], argv)
 _, status, ru = os.wait4(pid, 0)
 if status != 0:
     sys.exit(f"nbdcopy exited with status {status}")
