@@ -1,4 +1,4 @@
-# Sourced by bench/randio.sh and bench/copycpu.sh: a work directory on tmpfs that goes
+# Sourced by bench/randio.sh, bench/seqio.sh and bench/copycpu.sh: a work directory on tmpfs that goes
 # away on exit, the eli binary, a passphrase and state directory for it, SIZE of random
 # data, and the servers' start and stop.
 #
@@ -8,6 +8,8 @@
 #   serve_eli NAME     serve NAME: eli attach of $work/NAME.img in the foreground
 #   unserve            stops the server that serve started
 #   cputicks PID       user + system clock ticks of PID so far
+#   prefilled_volumes  sets vols=(none x1 x2) and makes $work/VOL.img of each, eli none,
+#                      xchacha20-poly1305 format 1 and format 2, filled from $work/src
 
 bench_setup() {
 	work=$(mktemp -d "${DIR:-/dev/shm}/eli-$1.XXXXXX")
@@ -55,3 +57,20 @@ unserve() {
 }
 
 cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+prefilled_volumes() {
+	vols=(none x1 x2)
+	local v
+	for v in "${vols[@]}"; do
+		# 1/16 more than the data: every mode's metadata fits in that.
+		truncate -s $((bytes + bytes / 16)) "$work/$v.img"
+		case $v in
+		none) "$eli" init --cipher none --unsafe "${kdf[@]}" "$work/$v.img" ;;
+		x1) "$eli" init --format 1 "${kdf[@]}" "$work/$v.img" ;;
+		x2) "$eli" init --format 2 "${kdf[@]}" "$work/$v.img" ;;
+		esac >/dev/null 2>&1
+		serve_eli "$v"
+		nbdcopy --flush "$work/src" "nbd+unix:///?socket=$sock"
+		unserve
+	done
+}

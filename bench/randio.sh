@@ -26,19 +26,7 @@ rounds=${ROUNDS:-3}
 . bench/common.sh
 bench_setup randio
 
-vols=(none x1 x2)
-for v in "${vols[@]}"; do
-	# 1/16 more than the data: every mode's metadata fits in that.
-	truncate -s $((bytes + bytes / 16)) "$work/$v.img"
-	case $v in
-	none) "$eli" init --cipher none --unsafe "${kdf[@]}" "$work/$v.img" ;;
-	x1) "$eli" init --format 1 "${kdf[@]}" "$work/$v.img" ;;
-	x2) "$eli" init --format 2 "${kdf[@]}" "$work/$v.img" ;;
-	esac >/dev/null 2>&1
-	serve_eli "$v"
-	nbdcopy --flush "$work/src" "nbd+unix:///?socket=$sock"
-	unserve
-done
+prefilled_volumes
 rm -f "$work/src"
 
 hz=$(getconf CLK_TCK)

@@ -20,19 +20,8 @@ rounds=${ROUNDS:-5}
 . bench/common.sh
 bench_setup seqio
 
-vols=(none x1 x2)
-for v in "${vols[@]}"; do
-	truncate -s $((bytes + bytes / 16)) "$work/$v.img"
-	case $v in
-	none) "$eli" init --cipher none --unsafe "${kdf[@]}" "$work/$v.img" ;;
-	x1) "$eli" init --format 1 "${kdf[@]}" "$work/$v.img" ;;
-	x2) "$eli" init --format 2 "${kdf[@]}" "$work/$v.img" ;;
-	esac >/dev/null 2>&1
-	# A first copy fills the provider, so that every measured write overwrites data.
-	serve_eli "$v"
-	nbdcopy --flush "$work/src" "nbd+unix:///?socket=$sock"
-	unserve
-done
+# The first copy fills each provider, so that every measured write overwrites data.
+prefilled_volumes
 
 # measure VOL write|read: prints "MB/s CPU-ms-per-GB" of one copy.
 measure() {
