@@ -1,6 +1,7 @@
-# Sourced by bench/randio.sh, bench/seqio.sh and bench/copycpu.sh: a work directory on tmpfs that goes
-# away on exit, the eli binary, a passphrase and state directory for it, SIZE of random
-# data, and the servers' start and stop.
+# Sourced by bench/randio.sh, bench/seqio.sh and bench/copycpu.sh: a work directory on
+# tmpfs that goes away on exit, the eli binary, a passphrase and state directory for it,
+# SIZE of random data, the servers' start and stop, and the three volumes of randio and
+# seqio.
 #
 #   bench_setup NAME   sets work, eli, kdf, bytes (and $work/src, SIZE of random data)
 #   serve NAME CMD...  starts CMD (its log in $work/NAME.log) and waits for $work/NAME.sock;
