@@ -81,7 +81,7 @@ the volume over, and the other server stops writing.`,
 	}
 	f := cmd.Flags()
 	addCredFlags(cmd, &o.creds, "j", "k", "p")
-	addCPUProfileFlag(cmd)
+	addProfileFlags(cmd)
 	f.IntVarP(&o.slot, "slot", "n", keys.AnySlot, "try only keyslot N (0-7)")
 	f.BoolVarP(&o.readOnly, "readonly", "r", false, "serve read-only")
 	f.StringVar(&o.witness, "witness", "", "the file that records how far this volume has come, to refuse an older image of it (default: "+witnessDirHelp+"/VOLUME-ID)")

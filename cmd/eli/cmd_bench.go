@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,7 @@ place and opens it, as a read does, so 'none' shows the cost of moving the bytes
 	f.DurationVarP(&o.duration, "duration", "d", 250*time.Millisecond, "time spent on each direction of each cell")
 	f.BoolVar(&o.json, "json", false, "print JSON instead of a table")
 	f.StringArrayVarP(&o.ciphers, "cipher", "e", nil, "measure only this mode (repeatable; default: every mode)")
+	addProfileFlags(cmd)
 	return cmd
 }
 
@@ -313,27 +315,43 @@ func (w *benchWorker) run(stop *atomic.Bool) (int64, error) {
 	return done, nil
 }
 
-// addCPUProfileFlag gives cmd a hidden --cpuprofile FILE that writes a pprof CPU profile
+// addProfileFlags gives cmd a hidden --cpuprofile FILE that writes a pprof CPU profile
 // of the whole command: with attach --foreground, of the server until it stops. It lives
-// here, beside the benchmarks it serves (bench/run, docs/benchmarks.md).
-func addCPUProfileFlag(cmd *cobra.Command) {
-	var path string
+// here, beside the benchmarks it serves (bench/run, docs/benchmarks.md); bench and
+// attach have it.
+//
+// --trace FILE, hidden too, writes a Go execution trace the same way (go tool trace):
+// where goroutines wait, and for whom, which a profile does not show.
+func addProfileFlags(cmd *cobra.Command) {
+	var path, tracePath string
 	cmd.Flags().StringVar(&path, "cpuprofile", "", "write a CPU profile to FILE")
 	cmd.Flags().MarkHidden("cpuprofile")
+	cmd.Flags().StringVar(&tracePath, "trace", "", "write an execution trace to FILE")
+	cmd.Flags().MarkHidden("trace")
 	run := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
-		if path == "" {
-			return run(c, args)
+		if path != "" {
+			f, err := os.Create(path)
+			if err != nil {
+				return fmt.Errorf("--cpuprofile: %w", err)
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return fmt.Errorf("--cpuprofile: %w", err)
+			}
+			defer pprof.StopCPUProfile()
 		}
-		f, err := os.Create(path)
-		if err != nil {
-			return fmt.Errorf("--cpuprofile: %w", err)
+		if tracePath != "" {
+			f, err := os.Create(tracePath)
+			if err != nil {
+				return fmt.Errorf("--trace: %w", err)
+			}
+			defer f.Close()
+			if err := trace.Start(f); err != nil {
+				return fmt.Errorf("--trace: %w", err)
+			}
+			defer trace.Stop()
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("--cpuprofile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
 		return run(c, args)
 	}
 }

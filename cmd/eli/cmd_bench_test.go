@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -184,4 +186,27 @@ func TestMeasureStoppedBeforeStart(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestProfileFlags: the hidden --cpuprofile and --trace write a pprof profile (gzip) and
+// a Go execution trace (its "go 1.N trace" header) of the whole command.
+func TestProfileFlags(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dir := t.TempDir()
+	prof, tr := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "exec.trace")
+	e.OK("bench", "--duration", "2ms", "-e", "none", "-s", "512", "--cpuprofile", prof, "--trace", tr)
+	for _, c := range []struct {
+		path   string
+		prefix string
+	}{{prof, "\x1f\x8b"}, {tr, "go 1."}} {
+		b, err := os.ReadFile(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(string(b), c.prefix) {
+			t.Errorf("%s starts %q, want %q", filepath.Base(c.path), b[:min(len(b), 16)], c.prefix)
+		}
+	}
+	e.Fails("--trace", "bench", "--duration", "2ms", "-e", "none", "--trace", filepath.Join(dir, "missing", "t"))
 }
