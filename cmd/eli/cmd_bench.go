@@ -330,27 +330,26 @@ func addProfileFlags(cmd *cobra.Command) {
 	cmd.Flags().MarkHidden("trace")
 	run := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
-		if path != "" {
-			f, err := os.Create(path)
+		for _, o := range []struct {
+			flag, path string
+			start      func(io.Writer) error
+			stop       func()
+		}{
+			{"--cpuprofile", path, pprof.StartCPUProfile, pprof.StopCPUProfile},
+			{"--trace", tracePath, trace.Start, trace.Stop},
+		} {
+			if o.path == "" {
+				continue
+			}
+			f, err := os.Create(o.path)
 			if err != nil {
-				return fmt.Errorf("--cpuprofile: %w", err)
+				return fmt.Errorf("%s: %w", o.flag, err)
 			}
 			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
-				return fmt.Errorf("--cpuprofile: %w", err)
+			if err := o.start(f); err != nil {
+				return fmt.Errorf("%s: %w", o.flag, err)
 			}
-			defer pprof.StopCPUProfile()
-		}
-		if tracePath != "" {
-			f, err := os.Create(tracePath)
-			if err != nil {
-				return fmt.Errorf("--trace: %w", err)
-			}
-			defer f.Close()
-			if err := trace.Start(f); err != nil {
-				return fmt.Errorf("--trace: %w", err)
-			}
-			defer trace.Stop()
+			defer o.stop() // before the file's Close: deferred calls run last first
 		}
 		return run(c, args)
 	}
