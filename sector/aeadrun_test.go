@@ -260,6 +260,30 @@ func BenchmarkRunMeta(b *testing.B) {
 	}
 }
 
+// BenchmarkLoneSeal seals one 4 KiB sector in place, what a lone random write costs the
+// cipher, through each path: the sector in cache (hot), and each time the next sector of
+// a 4 MiB ring (ring), as a batch's buffers are when the server's writes go round them.
+func BenchmarkLoneSeal(b *testing.B) {
+	for name, c := range aeadPaths(b, 4096) {
+		for _, ring := range []int{4096, 4 << 20} {
+			where := "hot"
+			if ring > 4096 {
+				where = "ring"
+			}
+			b.Run(name+"/"+where, func(b *testing.B) {
+				buf := randBytes(ring)
+				meta := make([]byte, aeadMetaSize)
+				b.SetBytes(4096)
+				off := 0
+				for b.Loop() {
+					c.SealRunMeta(0, buf[off:off+4096], buf[off:off+4096], meta)
+					off = (off + 4096) % ring
+				}
+			})
+		}
+	}
+}
+
 // BenchmarkSealRunDestination: SealRunMeta of 64 KiB runs of 4 KiB sectors from one
 // buffer into a ring of the given size, so that the destination is in cache (64 KiB,
 // 4 MiB) or 64 MiB away in memory, as a device's batches of sealed data are when they
