@@ -115,22 +115,6 @@ func benchVersionWork(b *testing.B, d *Device, work string) {
 				b.Fatal(err)
 			}
 		}
-	case "queued-write":
-		b.SetBytes(4096)
-		// Buffers go back to the pool when the batch lets go of them, as the server's do.
-		pool := sync.Pool{New: func() any { return make([]byte, 4096) }}
-		rngs := make([]*rand.Rand, 32)
-		for c := range rngs {
-			rngs[c] = rand.New(rand.NewPCG(uint64(c), 9))
-		}
-		run(len(rngs), func(c int, _ int64) error {
-			buf := pool.Get().([]byte)
-			buf[0] = byte(c)
-			return d.WriteKeep(buf, rngs[c].Int64N(sectors)*4096, 0, func() { pool.Put(buf) })
-		})
-		if err := d.Flush(); err != nil {
-			b.Fatal(err)
-		}
 	default:
 		b.SetBytes(4096)
 		const clients = 32
@@ -141,10 +125,18 @@ func benchVersionWork(b *testing.B, d *Device, work string) {
 			bufs[c] = make([]byte, 4096)
 			rngs[c] = rand.New(rand.NewPCG(uint64(c), 7))
 		}
+		// queued-write's buffers go back to the pool when the batch lets go of them, as
+		// the server's do.
+		pool := sync.Pool{New: func() any { return make([]byte, 4096) }}
 		run(clients, func(c int, _ int64) error {
 			off := rngs[c].Int64N(sectors) * 4096
-			if work == "rand-read" {
+			switch work {
+			case "rand-read":
 				return d.ReadAt(bufs[c], off)
+			case "queued-write":
+				buf := pool.Get().([]byte)
+				buf[0] = byte(c)
+				return d.WriteKeep(buf, off, 0, func() { pool.Put(buf) })
 			}
 			if err := d.WriteAt(bufs[c], off, 0); err != nil {
 				return err
@@ -154,6 +146,11 @@ func benchVersionWork(b *testing.B, d *Device, work string) {
 			}
 			return nil
 		})
+		if work == "queued-write" {
+			if err := d.Flush(); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 	b.StopTimer()
 	if work != "seq-write" && work != "seq-read" {

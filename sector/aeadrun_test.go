@@ -265,19 +265,18 @@ func BenchmarkRunMeta(b *testing.B) {
 // a 4 MiB ring (ring), as a batch's buffers are when the server's writes go round them.
 func BenchmarkLoneSeal(b *testing.B) {
 	for name, c := range aeadPaths(b, 4096) {
-		for _, ring := range []int{4096, 4 << 20} {
-			where := "hot"
-			if ring > 4096 {
-				where = "ring"
-			}
-			b.Run(name+"/"+where, func(b *testing.B) {
-				buf := randBytes(ring)
+		for _, r := range []struct {
+			where string
+			size  int
+		}{{"hot", 4096}, {"ring", 4 << 20}} {
+			b.Run(name+"/"+r.where, func(b *testing.B) {
+				buf := randBytes(r.size)
 				meta := make([]byte, aeadMetaSize)
 				b.SetBytes(4096)
 				off := 0
 				for b.Loop() {
 					c.SealRunMeta(0, buf[off:off+4096], buf[off:off+4096], meta)
-					off = (off + 4096) % ring
+					off = (off + 4096) % r.size
 				}
 			})
 		}
