@@ -68,7 +68,8 @@ r mkfs_rc $?
 mount -t ext4 /dev/nbd0 /mnt
 rc=$?
 r mount_rc $rc
-[ $rc -eq 0 ] || { dmesg | tail -20; exit 0; }
+# On a failure, what the server and the kernel said: the console is all the test keeps.
+[ $rc -eq 0 ] || { cat /tmp/attach.out "$ELI_STATE_DIR/vol.log"; dmesg | tail -20; exit 0; }
 dd if=/dev/urandom of=/mnt/a bs=1M count=24 conv=fsync 2>/dev/null
 r write_a_rc $?
 dd if=/dev/urandom of=/mnt/b bs=4k count=37 conv=fsync 2>/dev/null
