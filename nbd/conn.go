@@ -60,6 +60,12 @@ type conn struct {
 	wrote    atomic.Bool // a write-type request ran, so a final flush is due
 
 	requests, failed atomic.Uint64
+	// slowest is the longest a request waited for its reply, in nanoseconds: from its
+	// arrival (a WRITE's, once its payload is in) to its reply's write, or to its joining
+	// a gathering (replyWriter), which is written within gatherBound. The connection's
+	// closing line gives it, so that a client that timed a request out can be told apart
+	// from a server that was slow to answer it.
+	slowest atomic.Int64
 
 	// Running requests in the reader (inline.go). inlined and handedOn count requests
 	// run so and hand-ons, for tests; per connection, so that no cache line is shared
@@ -79,10 +85,11 @@ type request struct {
 	flags, typ  uint16
 	handle      uint64
 	off         uint64
-	length      uint64 // 32 bits on the wire unless extended headers are in use
-	held        int64  // budget bytes taken
-	fromReserve bool   // the budget came from the connection's reserve
-	gathers     bool   // counted in out.busy until its reply: see replyWriter
+	length      uint64        // 32 bits on the wire unless extended headers are in use
+	held        int64         // budget bytes taken
+	fromReserve bool          // the budget came from the connection's reserve
+	gathers     bool          // counted in out.busy until its reply: see replyWriter
+	arrived     time.Duration // since the connection's start: see conn.slowest
 	buf         *[]byte
 }
 
@@ -139,7 +146,8 @@ func (c *conn) serve() {
 	reason, level := c.transmit()
 	attrs := []any{"export", c.exp.Name, "reason", reason,
 		"requests", c.requests.Load(), "errors", c.failed.Load(),
-		"duration", time.Since(c.start).Round(time.Millisecond)}
+		"duration", time.Since(c.start).Round(time.Millisecond),
+		"slowest_reply", time.Duration(c.slowest.Load()).Round(time.Microsecond)}
 	if err := c.out.failure(); err != nil {
 		attrs = append(attrs, "write_error", err.Error())
 		level = max(level, slog.LevelWarn)
@@ -245,6 +253,8 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 			typ:    binary.BigEndian.Uint16(h[6:]),
 			handle: binary.BigEndian.Uint64(h[8:]),
 			off:    binary.BigEndian.Uint64(h[16:]),
+			// The monotonic clock only, read through the vDSO: a few ns per request.
+			arrived: time.Since(c.start),
 		}
 		if c.extended {
 			r.length = binary.BigEndian.Uint64(h[24:])
@@ -323,6 +333,7 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 				c.release(req)
 				return ended(c.payloadFailure(err, &r))
 			}
+			req.arrived = time.Since(c.start)
 		}
 		if r.typ != nbdproto.CmdFlush && r.flags&nbdproto.CmdFlagFUA == 0 {
 			req.gathers = true
