@@ -136,7 +136,21 @@ func TestVMKernelDevice(t *testing.T) {
 	checkVMResults(t, res)
 	if t.Failed() {
 		t.Logf("console:\n%s", tail(console.String(), 6000))
+		if log := serverLog(console.String()); log != "" {
+			t.Logf("the server's log when the kernel timed a request out:\n%s", log)
+		}
 	}
+}
+
+// serverLog is what the guest printed of the server's log after the kernel timed a request
+// out (guest.sh), or "".
+func serverLog(console string) string {
+	_, rest, ok := strings.Cut(console, "ELI-SERVER-LOG-BEGIN")
+	if !ok {
+		return ""
+	}
+	log, _, _ := strings.Cut(rest, "ELI-SERVER-LOG-END")
+	return strings.TrimSpace(log)
 }
 
 // parseResults collects the guest's "ELI-RESULT key value..." lines; the kernel may

@@ -44,6 +44,21 @@ rc=$?
 r attach_rc $rc
 [ $rc -eq 0 ] || { cat /tmp/attach.out; exit 0; }
 
+# A request the kernel times out ("Connection timed out") was either slow in the server or
+# lost in the kernel: the server's log tells which, since its line for each closed
+# connection gives the slowest reply. The crash sections below time requests out on
+# purpose, so the watch ends there.
+( while [ ! -e /tmp/crashing ]; do
+	if dmesg | grep -q 'timed out'; then
+		sleep 5
+		echo ELI-SERVER-LOG-BEGIN
+		cat "$ELI_STATE_DIR/vol.log"
+		echo ELI-SERVER-LOG-END
+		break
+	fi
+	sleep 1
+done ) &
+
 # What the kernel was told.
 r eli_size "$(field size)"
 r dev_size "$(( $(cat /sys/block/nbd0/size) * 512 ))"
@@ -124,6 +139,7 @@ sync
 after=$(stat -c %b $P)
 r trim_blocks "$before" "$after"
 
+touch /tmp/crashing
 # Crash: kill -9 the server while a file is written (each piece fsynced), then attach
 # again within the dead-connection timeout. Every write(2) the writer finishes is
 # durable, so the file must end up equal to its source.
