@@ -82,8 +82,9 @@ type authEngine struct {
 	kick        chan struct{}
 	done        chan struct{}
 	commitMu    sync.Mutex // held for a whole commit
-	// For tests: how often the committer woke, and how many jobs flushes ran.
-	wakes, flushJobs uint64
+	// For tests: how often the committer went to wait and woke, and how many jobs
+	// flushes ran.
+	waits, wakes, flushJobs uint64
 
 	// State of the goroutine that is running a commit.
 	syncTime time.Duration // spent in syncs by the commit under way

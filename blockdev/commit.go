@@ -154,6 +154,7 @@ func (a *authEngine) committer() {
 		default:
 			a.asleep = true
 		}
+		a.waits++
 		a.mu.Unlock()
 		select {
 		case <-a.kick:
