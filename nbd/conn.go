@@ -61,10 +61,11 @@ type conn struct {
 
 	requests, failed atomic.Uint64
 	// slowest is the longest a request waited for its reply, in nanoseconds: from its
-	// arrival (a WRITE's, once its payload is in) to its reply's write, or to its joining
-	// a gathering (replyWriter), which is written within gatherBound. The connection's
-	// closing line gives it, so that a client that timed a request out can be told apart
-	// from a server that was slow to answer it.
+	// arrival (a WRITE's, once its payload is in) to its last reply's write, or to its
+	// joining a gathering (replyWriter), which is written within gatherBound. The
+	// connection's closing line gives it, so that a client that timed a request out can
+	// be told apart from a server that was slow to answer it. (The reader's refusals,
+	// answered at once, are not counted.)
 	slowest atomic.Int64
 
 	// Running requests in the reader (inline.go). inlined and handedOn count requests
@@ -253,8 +254,6 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 			typ:    binary.BigEndian.Uint16(h[6:]),
 			handle: binary.BigEndian.Uint64(h[8:]),
 			off:    binary.BigEndian.Uint64(h[16:]),
-			// The monotonic clock only, read through the vDSO: a few ns per request.
-			arrived: time.Since(c.start),
 		}
 		if c.extended {
 			r.length = binary.BigEndian.Uint64(h[24:])
@@ -333,8 +332,9 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 				c.release(req)
 				return ended(c.payloadFailure(err, &r))
 			}
-			req.arrived = time.Since(c.start)
 		}
+		// The monotonic clock only, read through the vDSO: a few ns per request.
+		req.arrived = time.Since(c.start)
 		if r.typ != nbdproto.CmdFlush && r.flags&nbdproto.CmdFlagFUA == 0 {
 			req.gathers = true
 			c.out.busy.Add(1)
@@ -507,6 +507,13 @@ func (c *conn) worker() {
 	defer c.workers.Done()
 	for req := range c.work {
 		c.handle(req)
+	}
+}
+
+// answered records how long req waited for its replies (conn.slowest).
+func (c *conn) answered(req *request) {
+	took := int64(time.Since(c.start) - req.arrived)
+	for old := c.slowest.Load(); took > old && !c.slowest.CompareAndSwap(old, took); old = c.slowest.Load() {
 	}
 }
 

@@ -75,6 +75,7 @@ func (c *conn) handle(req *request) {
 	} else if req.typ != nbdproto.CmdRead && req.typ != nbdproto.CmdBlockStatus {
 		c.replyOK(req)
 	}
+	c.answered(req)
 	c.release(req)
 }
 

@@ -184,13 +184,6 @@ func (c *conn) reply(r *request, hdr, data []byte) {
 		c.out.busy.Add(-1)
 	}
 	c.sent(c.out.send(hdr, data, mayWait))
-	took := int64(time.Since(c.start) - r.arrived)
-	for {
-		old := c.slowest.Load()
-		if took <= old || c.slowest.CompareAndSwap(old, took) {
-			break
-		}
-	}
 }
 
 // sent ends the connection if a reply could not be written: the client would wait forever
