@@ -222,3 +222,87 @@ func TestBadInputWhileAttached(t *testing.T) {
 	c.Close()
 	e.detach("busy.img")
 }
+
+// TestSameVolumeUnderAnotherPath: flock reaches one inode, and a volume has others: a
+// loop device over its image file (as a second path to a disk, or a device-mapper
+// mapping, would be) and a copy of the file. While the volume is attached, every command
+// that writes is refused through the loop device, as through the file itself, and a
+// second attach of the copy is refused; nothing changes on disk and the client keeps
+// working. Once detached, the loop device and the copy attach.
+func TestSameVolumeUnderAnotherPath(t *testing.T) {
+	t.Parallel()
+	testtool.NeedRoot(t)
+	testtool.Need(t, "losetup", "mount")
+	e := newEnv(t, false)
+	img := e.create(volume{name: "orig.img", size: "16M"})
+	backup := e.Path("orig.backup")
+	e.OK("backup", img, backup)
+	out, err := commandErr(time.Minute, "losetup", "--find", "--show", img)
+	if err != nil {
+		t.Fatalf("losetup: %v\n%s", err, out)
+	}
+	loop := strings.TrimSpace(out)
+	t.Cleanup(func() {
+		if out, err := commandErr(time.Minute, "losetup", "-d", loop); err != nil {
+			t.Errorf("losetup -d %s: %v\n%s", loop, err, out)
+		}
+	})
+	uri := e.Attach(img)
+	c, err := nbdclient.Dial("unix", elitest.SocketOf(uri), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data := bytes.Repeat([]byte("written through the file "), 4000)
+	if err := c.WriteAt(data, 8192, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	dup := e.Path("copy.img")
+	raw, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dup, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	p := e.Pass
+	const want = "already open for writing on this host"
+	e.runBad([]badCase{
+		{"attach of the loop device", []string{"attach", "--passphrase-file", p, "--name", "aliased", loop}, want},
+		{"attach of a copy", []string{"attach", "--passphrase-file", p, "--name", "copy", dup}, want},
+		{"init --force", append([]string{"init", "--force", "--passphrase-file", p}, append(elitest.QuickKDF, loop)...), want},
+		{"setkey", append([]string{"setkey", "--passphrase-file", p, "--new-passphrase-file", p}, append(elitest.QuickKDF, loop)...), want},
+		{"delkey", []string{"delkey", "--force", "--slot", "0", loop}, want},
+		{"kill", []string{"kill", "--yes", loop}, want},
+		{"restore", []string{"restore", backup, loop}, want},
+		{"resize", []string{"resize", "--passphrase-file", p, loop}, want},
+		{"onetime --force", []string{"onetime", "--force", "--name", "scratch", loop}, want},
+	})
+
+	got := make([]byte, len(data))
+	if err := c.ReadAt(got, 8192); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("client read after the refused commands: %v", err)
+	}
+	c.Close()
+	e.detach("orig.img")
+
+	// Detached, the volume is free under every path, at once.
+	uri = e.Attach(loop, "--name", "aliased")
+	c, err = nbdclient.Dial("unix", elitest.SocketOf(uri), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ReadAt(got, 8192); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read through the loop device: %v", err)
+	}
+	c.Close()
+	e.detach("aliased")
+	// The copy's generation is behind the volume's witness now: as a volume of its own
+	// it needs a witness of its own.
+	e.Attach(dup, "--name", "copy", "--witness", e.Path("copy.witness"))
+	e.detach("copy")
+}

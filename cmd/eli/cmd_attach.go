@@ -65,6 +65,11 @@ ready, leaving a server process behind; the last line it prints is the NBD URI.
   --foreground         serve in this process until SIGTERM or SIGINT (systemd,
                        containers); logs go to stderr
 
+A volume is served once per host: a second attach is refused, also through another
+path to its bytes (a loop device over the image file, a second path to the disk) and
+of a copy of it, which has the same volume ID. Attach a copy once the original is
+detached; a copy in format version 2 needs a --witness of its own.
+
 A remote PROVIDER (an NBD URI) cannot be flock'ed from here: attach claims it through
 an ownership mark that the server heartbeats. If another host's server holds it, attach
 waits three heartbeats (about 6 s) and refuses while that heartbeat moves; --force takes
@@ -278,15 +283,20 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 	return &attachment{cfg: cfg, lock: lock, p: p, mk: mk}, nil
 }
 
+// release lets go of the provider, its volume's ID and the name, in that order: once
+// the name is free (which is what 'eli detach' waits for), the volume must be free too.
+func (a *attachment) release() {
+	a.p.Close()
+	releaseIDLocks()
+	a.lock.Release()
+}
+
 // serve serves in this process (--foreground) or starts the background server and waits
 // until it reports that the export is ready. Either way the provider and the name are
 // free again when it returns, unless a background server holds them.
 func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bool) error {
 	if foreground {
-		// The provider's lock goes before the name's: once the name is free (which is
-		// what 'eli detach' waits for), the provider must be free too.
-		defer a.lock.Release()
-		defer a.p.Close()
+		defer a.release()
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 		if err := keys.ForbidCoreDumps(); err != nil {
 			log.Warn("core dumps stay possible", "err", err)
@@ -316,6 +326,7 @@ func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bo
 	rec, err := spawnServer(sd, a.cfg, a.p, a.lock, a.mk)
 	a.mk.Wipe()
 	a.p.Close()
+	releaseIDLocks() // the server holds on to the volume's, if it started
 	if err != nil {
 		// The child has let go of both locks before it said so; this process holds the
 		// name's alone now.
@@ -359,11 +370,12 @@ const (
 	fdNameLock = 4 // the state directory's NAME.lock, flock'ed by attach
 	fdSetup    = 5 // read end of a pipe: volume.WriteSetup
 	fdReady    = 6 // write end of a pipe: volume.WriteReady once ready (or failed)
+	fdIDLock   = 7 // the volume's host-wide ID lock (volume.IDLock) taken by attach, or /dev/null
 )
 
 // spawnServer re-executes eli as the background server. The master key goes through a
-// pipe, never argv or the environment; the provider and the name lock are inherited
-// already locked, so no other attach can slip in between.
+// pipe, never argv or the environment; the provider, the name lock and the volume's ID
+// lock are inherited already locked, so no other attach can slip in between.
 func spawnServer(sd volume.StateDir, cfg *volume.Config, p store, lock *volume.NameLock, mk *keys.MasterKey) (*volume.Record, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -404,7 +416,18 @@ func spawnServer(sd volume.StateDir, cfg *volume.Config, p store, lock *volume.N
 		}
 		defer provFile.Close()
 	}
-	child.ExtraFiles = []*os.File{provFile, lock.File(), setupR, readyW}
+	var idFile *os.File
+	if len(heldIDLocks) == 1 {
+		idFile = heldIDLocks[0].File()
+	} else {
+		// The descriptor must be there, or the server could take whatever the runtime
+		// opens first for it; /dev/null is no lock.
+		if idFile, err = os.Open(os.DevNull); err != nil {
+			return nil, err
+		}
+		defer idFile.Close()
+	}
+	child.ExtraFiles = []*os.File{provFile, lock.File(), setupR, readyW, idFile}
 	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	child.Env = append(os.Environ(), "ELI_STATE_DIR="+sd.Path)
 	if err := child.Start(); err != nil {
@@ -469,11 +492,15 @@ func runBackgroundServer(g *globalOptions) error {
 	var p store
 	pf := os.NewFile(fdProvider, "provider")
 	lockf := os.NewFile(fdNameLock, "lock")
+	if l := volume.IDLockFromFile(os.NewFile(fdIDLock, "volume-lock")); l != nil {
+		heldIDLocks = append(heldIDLocks, l)
+	}
 	fail := func(err error) error {
 		if p != nil {
 			p.Close()
 		}
 		pf.Close() // a second Close of an *os.File does nothing
+		releaseIDLocks()
 		lockf.Close()
 		log.Error("attach failed", "err", err)
 		volume.WriteReady(readyW, nil, err)
@@ -521,6 +548,7 @@ func runBackgroundServer(g *globalOptions) error {
 	// finds the provider in use. (Closing a provider on tmpfs unmaps it first, which
 	// takes a moment for a large one.)
 	p.Close()
+	releaseIDLocks()
 	sd.NameLockFromFile(lockf, cfg.Name).Release()
 	if err != nil {
 		return silentError{err} // logged already; the log may be the next server's now

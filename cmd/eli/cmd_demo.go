@@ -89,8 +89,7 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 		if err != nil {
 			return err
 		}
-		defer a.lock.Release()
-		defer a.p.Close()
+		defer a.release()
 		srv, err := volume.Start(a.cfg, a.p, a.mk, slog.New(slog.DiscardHandler))
 		if err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/remote"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
 
@@ -20,11 +21,15 @@ func warnf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "eli: warning: "+format+"\n", args...)
 }
 
-// openLocked opens a provider and takes its exclusive lock, so that no other eli process
-// (an attached server, another setkey) changes it under us.
+// openLocked opens a provider and, unless a is readAccess, takes its exclusive lock and
+// the host-wide lock on the ID of the volume it holds, so that no other eli process (an
+// attached server, another setkey) changes it under us, whatever path it came by.
 //
 // A remote PROVIDER (an NBD URI) cannot be flock'ed from here: it is claimed through its
-// ownership mark instead (remote.Store.Claim), unless a is readAccess.
+// ownership mark instead (remote.Store.Claim), unless a is readAccess. The mark lives in
+// the volume, so it reaches every URI of the export and every host; a volume ID lock
+// would only refuse, on this host, what the mark already refuses, or takes over when
+// told to.
 func openLocked(path string, a access) (store, error) {
 	if remote.IsURI(path) {
 		return openRemote(path, a)
@@ -47,7 +52,50 @@ func openLocked(path string, a access) (store, error) {
 		}
 		return nil, err
 	}
+	if readOnly {
+		return p, nil
+	}
+	if err := lockVolumeID(p); err != nil {
+		return nil, err
+	}
 	return p, nil
+}
+
+// heldIDLocks are the host-wide locks on the IDs of the volumes this process writes
+// (volume.IDLock), taken by openLocked. They live as long as the process, whose exit lets
+// go of them, except in a server, which lets go of them after its provider and before its
+// name (releaseIDLocks), so that a volume is free again once 'eli detach' returns.
+var heldIDLocks []*volume.IDLock
+
+// releaseIDLocks lets go of every volume ID this process holds.
+func releaseIDLocks() {
+	for _, l := range heldIDLocks {
+		l.Close()
+	}
+	heldIDLocks = nil
+}
+
+// lockVolumeID takes the host-wide lock on the ID of the volume p holds, if it holds
+// one: the same volume under another path (a loop device over an image file, a second
+// path to a disk) or a copy of it is then refused as the same path is by flock. A
+// provider without a readable header holds no volume to protect. On failure it closes p.
+func lockVolumeID(p store) error {
+	h, err := keys.Read(p)
+	if err != nil {
+		return nil
+	}
+	id, err := volume.LockID(h.VolumeID)
+	if err != nil {
+		p.Close()
+		if errors.Is(err, volume.ErrIDLocked) {
+			return fmt.Errorf("%s: volume %x is already open for writing on this host through another path (see 'eli list', "+
+				"or an eli command still running): a loop device over its image, another path to its disk and a copy of it all hold the same volume",
+				p.Path(), h.VolumeID)
+		}
+		return err
+	}
+	heldIDLocks = append(heldIDLocks, id)
+	return nil
 }
 
 // openHeader opens and locks a provider and reads its header.

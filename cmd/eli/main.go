@@ -104,6 +104,7 @@ func run(args []string) int {
 	root := newRootCmd()
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
+	releaseIDLocks()
 	if err == nil {
 		return exitOK
 	}
