@@ -1,10 +1,14 @@
 package volume
 
 import (
+	"bufio"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,6 +34,22 @@ type IDLock struct{ f *os.File }
 // ErrIDLocked: another process of this host holds the volume ID.
 var ErrIDLocked = errors.New("the volume is already open for writing on this host")
 
+// IDHeldError is ErrIDLocked with the process that holds the lock, where it could be
+// found.
+type IDHeldError struct {
+	PID  int    // 0 if the holder could not be found
+	Comm string // its command name
+}
+
+func (e *IDHeldError) Error() string {
+	if e.PID == 0 {
+		return ErrIDLocked.Error()
+	}
+	return fmt.Sprintf("%v by pid %d (%s)", ErrIDLocked, e.PID, e.Comm)
+}
+
+func (e *IDHeldError) Is(target error) bool { return target == ErrIDLocked }
+
 // idLockName is the abstract socket address of id's lock, without the leading NUL.
 func idLockName(id [16]byte) string { return "eli/volume/" + hex.EncodeToString(id[:]) }
 
@@ -44,7 +64,8 @@ func LockID(id [16]byte) (*IDLock, error) {
 	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + idLockName(id)}); err != nil {
 		unix.Close(fd)
 		if err == unix.EADDRINUSE {
-			return nil, ErrIDLocked
+			pid, comm := idLockHolder(id)
+			return nil, &IDHeldError{PID: pid, Comm: comm}
 		}
 		return nil, fmt.Errorf("volume lock: %w", err)
 	}
@@ -71,4 +92,41 @@ func (l *IDLock) Close() {
 	if l != nil {
 		l.f.Close()
 	}
+}
+
+// idLockHolder finds a process that holds id's lock, as ss -xp would: the socket's inode
+// in /proc/net/unix, then a process with a descriptor on it. It sees only the
+// descriptors this process may read (all of them as root); pid is 0 where it finds none.
+func idLockHolder(id [16]byte) (pid int, comm string) {
+	f, err := os.Open("/proc/net/unix")
+	if err != nil {
+		return 0, ""
+	}
+	defer f.Close()
+	want, inode := "@"+idLockName(id), ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// Num RefCount Protocol Flags Type St Inode Path
+		if fields := strings.Fields(sc.Text()); len(fields) == 8 && fields[7] == want {
+			inode = fields[6]
+			break
+		}
+	}
+	if inode == "" {
+		return 0, ""
+	}
+	link := "socket:[" + inode + "]"
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if l, err := os.Readlink(fd); err != nil || l != link {
+			continue
+		}
+		dir := filepath.Dir(filepath.Dir(fd))
+		if pid, err = strconv.Atoi(filepath.Base(dir)); err != nil {
+			continue
+		}
+		c, _ := os.ReadFile(filepath.Join(dir, "comm"))
+		return pid, strings.TrimSpace(string(c))
+	}
+	return 0, ""
 }

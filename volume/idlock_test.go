@@ -17,8 +17,14 @@ func TestIDLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LockID(a); !errors.Is(err, ErrIDLocked) {
+	_, err = LockID(a)
+	if !errors.Is(err, ErrIDLocked) {
 		t.Fatalf("second lock of one ID: %v, want ErrIDLocked", err)
+	}
+	// The error names the holder, found through /proc: here, this process.
+	var held *IDHeldError
+	if !errors.As(err, &held) || held.PID != os.Getpid() {
+		t.Fatalf("second lock of one ID: %v; want it to name pid %d", err, os.Getpid())
 	}
 	lb, err := LockID(b)
 	if err != nil {
