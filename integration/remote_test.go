@@ -543,6 +543,35 @@ func TestRemoteSecondAttach(t *testing.T) {
 	b.detach("b")
 }
 
+// TestRemoteAndLocalPathOfOneVolume: the ownership mark reaches every URI of an export,
+// but not the export's own file attached on the same host as a local provider, which
+// writes no mark. The volume ID lock refuses that second path either way round.
+func TestRemoteAndLocalPathOfOneVolume(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	st := newStorage(e, "nbdkit", 16<<20, nil, nil)
+	e.remoteInit(st.uri)
+	const want = "already open for writing on this host"
+
+	e.Attach(st.file, "--name", "local")
+	e.Fails(want, "attach", "--passphrase-file", e.Pass, "--name", "remote", st.uri)
+	e.Fails(want, "kill", "--yes", st.uri)
+	e.detach("local")
+
+	uri := e.Attach(st.uri, "--name", "remote")
+	e.Fails(want, "attach", "--passphrase-file", e.Pass, "--name", "local", st.file)
+	c, err := nbdclient.Dial("unix", elitest.SocketOf(uri), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := bytes.Repeat([]byte{9}, 4096)
+	if err := c.WriteAt(p, 0, true); err != nil {
+		t.Fatalf("the remote attach after the refusal: %v", err)
+	}
+	c.Close()
+	e.detach("remote")
+}
+
 // TestRemoteVerbs: the key and header verbs, resize and onetime take a remote PROVIDER.
 func TestRemoteVerbs(t *testing.T) {
 	t.Parallel()

@@ -26,10 +26,7 @@ func warnf(format string, args ...any) {
 // attached server, another setkey) changes it under us, whatever path it came by.
 //
 // A remote PROVIDER (an NBD URI) cannot be flock'ed from here: it is claimed through its
-// ownership mark instead (remote.Store.Claim), unless a is readAccess. The mark lives in
-// the volume, so it reaches every URI of the export and every host; a volume ID lock
-// would only refuse, on this host, what the mark already refuses, or takes over when
-// told to.
+// ownership mark instead (remote.Store.Claim), unless a is readAccess (openRemote).
 func openLocked(path string, a access) (store, error) {
 	if remote.IsURI(path) {
 		return openRemote(path, a)

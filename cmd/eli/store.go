@@ -34,15 +34,24 @@ const (
 
 // openRemote connects to an export; for writeAccess and takeoverAccess it claims the
 // volume's ownership mark (waiting out another instance's heartbeat if there is one),
-// which Close releases.
-func openRemote(uri string, a access) (*remote.Store, error) {
+// which Close releases. With writeAccess it then takes the volume's ID lock as well,
+// which refuses a volume that this host writes through a path the mark does not reach:
+// the export's file or device attached here as a local provider. A takeover does not:
+// it may take the volume over from a server of this host, which the mark then fences.
+func openRemote(uri string, a access) (store, error) {
 	s, err := remote.Open(uri, nil)
 	if err != nil {
 		return nil, err
 	}
-	if a != readAccess {
-		if err := s.Claim(remote.ClaimOptions{Force: a == takeoverAccess, Notify: func(m string) { warnf("%s", m) }}); err != nil {
-			s.Close()
+	if a == readAccess {
+		return s, nil
+	}
+	if err := s.Claim(remote.ClaimOptions{Force: a == takeoverAccess, Notify: func(m string) { warnf("%s", m) }}); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if a == writeAccess {
+		if err := lockVolumeID(s); err != nil {
 			return nil, err
 		}
 	}
