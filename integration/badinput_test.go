@@ -175,6 +175,25 @@ func TestBadCredentialsAndSockets(t *testing.T) {
 	e.detach("o.img")
 }
 
+// dialWithData connects to the export at uri and writes and flushes data at offset 8192,
+// which the refused commands must leave readable.
+func dialWithData(t *testing.T, uri string, data []byte) *nbdclient.Client {
+	t.Helper()
+	c, err := nbdclient.Dial("unix", elitest.SocketOf(uri), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteAt(data, 8192, false); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c
+}
+
 // TestBadInputWhileAttached: with a client connected and holding data, nothing another
 // eli command does may touch the volume, and the client keeps working.
 func TestBadInputWhileAttached(t *testing.T) {
@@ -184,18 +203,9 @@ func TestBadInputWhileAttached(t *testing.T) {
 	backup := e.Path("busy.backup")
 	e.OK("backup", img, backup)
 	uri := e.Attach(img)
-	c, err := nbdclient.Dial("unix", elitest.SocketOf(uri), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	data := bytes.Repeat([]byte("client data "), 4000)
-	if err := c.WriteAt(data, 8192, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	c := dialWithData(t, uri, data)
+	defer c.Close()
 
 	p := e.Pass
 	e.runBad([]badCase{
@@ -248,18 +258,9 @@ func TestSameVolumeUnderAnotherPath(t *testing.T) {
 		}
 	})
 	uri := e.Attach(img)
-	c, err := nbdclient.Dial("unix", elitest.SocketOf(uri), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	data := bytes.Repeat([]byte("written through the file "), 4000)
-	if err := c.WriteAt(data, 8192, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	c := dialWithData(t, uri, data)
+	defer c.Close()
 	dup := e.Path("copy.img")
 	raw, err := os.ReadFile(img)
 	if err != nil {

@@ -84,15 +84,10 @@ func lockVolumeID(p store) error {
 	id, err := volume.LockID(h.VolumeID)
 	if err != nil {
 		p.Close()
-		var held *volume.IDHeldError
-		if errors.As(err, &held) {
-			by := "(see 'eli list', or an eli command still running)"
-			if held.PID != 0 {
-				by = fmt.Sprintf("by pid %d (%s; 'eli list' shows the pids of servers)", held.PID, held.Comm)
-			}
-			return fmt.Errorf("%s: volume %x is already open for writing on this host through another path %s: "+
+		if errors.Is(err, volume.ErrIDLocked) {
+			return fmt.Errorf("%s: volume %x: %w, through another path ('eli list' shows servers and their pids): "+
 				"a loop device over its image, another path to its disk and a copy of it all hold the same volume",
-				p.Path(), h.VolumeID, by)
+				p.Path(), h.VolumeID, err)
 		}
 		return err
 	}
