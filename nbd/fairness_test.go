@@ -51,14 +51,16 @@ func victimIO(t *testing.T, path string) {
 	t.Logf("victim served in %v", time.Since(start).Round(time.Millisecond))
 }
 
-// stalledWriters opens n connections that each send a 32 MiB WRITE header and 1 MiB of
-// its payload, then stop sending.
+// stalledWriters opens n connections that each send a 32 MiB WRITE header and 64 KiB of
+// its payload, then stop sending. 64 KiB fits in the socket's buffer, so the attacker's
+// write returns at once however slowly the server reads: with 1 MiB it could still be
+// blocked when a loaded server's deadline dropped it (a CI run here: broken pipe).
 func stalledWriters(t *testing.T, path string, n int) []*rawClient {
 	var cs []*rawClient
 	for i := range n {
 		rc, _ := mustConnect(t, path, i%2 == 0)
 		hdr := reqBytes(nbdproto.CmdWrite, 0, 1, 0, 32<<20, nil)
-		if err := rc.write(append(hdr, make([]byte, 1<<20)...)); err != nil {
+		if err := rc.write(append(hdr, make([]byte, 64<<10)...)); err != nil {
 			t.Fatal(err)
 		}
 		cs = append(cs, rc)
@@ -134,8 +136,8 @@ func TestIODeadlines(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			srv := oneExportServer(newMem(64<<20), nil)
-			// Long enough for an attacker to send its first MiB on a loaded machine (it
-			// must not be dropped before it has stalled), short enough to wait for.
+			// Long enough for an attacker to connect on a loaded machine, short enough
+			// to wait for.
 			srv.IOTimeout = 2 * time.Second
 			srv.minRate = 1 << 40 // the size allowance is negligible
 			path := serveUnix(t, srv)
