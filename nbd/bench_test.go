@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // BenchmarkVsNbdkit measures this server beside nbdkit's file plugin, serving the same

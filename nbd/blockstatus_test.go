@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/nbdproto"
 	"github.com/elidisk/eli/internal/testtool"
-	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // sparseBackend stores only the 4 KiB blocks written with data, as eli's authenticated

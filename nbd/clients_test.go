@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/nbdproto"
 	"github.com/elidisk/eli/internal/testtool"
-	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // Tests against real NBD clients. Each says which tool it needs through testtool: it

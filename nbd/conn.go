@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // readBufSize lets one read syscall take in many small requests at once.

@@ -7,7 +7,7 @@ import (
 	"syscall"
 	"unicode/utf8"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // OffsetError lets a backend say where inside a request it failed. A failed READ is then

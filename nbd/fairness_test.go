@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // Hostile clients that fill the server's shared budget must not stall anyone else (issue

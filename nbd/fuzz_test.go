@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // Fuzz targets for the two places that parse client bytes: the handshake and the request

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // replyWrites is how many system calls wrote replies, over every connection of s.

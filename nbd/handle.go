@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"syscall"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // zeroes is the source for WRITE_ZEROES when the backend cannot zero by itself. WriteAt

@@ -9,7 +9,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // protocolError ends a connection for a reason worth a warning in the log: the client

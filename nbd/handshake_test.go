@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 func oneExportServer(b Backend, mod func(*Export)) *Server {

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // shortTempDir is a temporary directory with a short path: a unix socket path must fit

@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // A client that sends one request at a time (fio at queue depth 1, a database's

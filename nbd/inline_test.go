@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // TestInlineOneAtATime: a client that waits for each reply before it sends again has its

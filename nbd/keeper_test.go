@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // keepingMem is a Keeper that holds every WRITE's buffer until the test hands it back,

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/nbdproto"
 	"github.com/elidisk/eli/internal/testtool"
-	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // TestLargeRequestsLibnbd: libnbd writes and reads 64 MiB in one request each (the

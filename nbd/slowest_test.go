@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // lockedBuffer is a log sink that the server's goroutines and the test share.

@@ -22,8 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/nbdproto"
 	"github.com/elidisk/eli/internal/testtool"
-	"github.com/elidisk/eli/nbd/nbdproto"
 )
 
 // pki is a throwaway CA with a server and a client certificate, made in the test.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 func TestReadWriteRoundTrip(t *testing.T) {

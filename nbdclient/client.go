@@ -8,7 +8,7 @@ import (
 	"net"
 	"syscall"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 const (

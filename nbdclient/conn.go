@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // maxErrorMessage bounds the message of a structured error chunk (proto.md: "at most

@@ -5,7 +5,7 @@ import (
 	"net"
 	"testing"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // FuzzReplies feeds arbitrary bytes to a connection's reply reader as the server's

@@ -10,7 +10,7 @@ import (
 	"math"
 	"net"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // handshakeConfig is what a caller asks of the newstyle negotiation.

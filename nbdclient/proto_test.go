@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // fakeExportSize is the size the fake server announces.

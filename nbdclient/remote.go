@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 )
 
 // Options tune a Remote. The zero value is usable: every zero field takes its default.

@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/elidisk/eli/nbd/nbdproto"
+	"github.com/elidisk/eli/internal/nbdproto"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/provider"
 )
