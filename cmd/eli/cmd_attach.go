@@ -237,6 +237,7 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 	if err != nil {
 		return nil, err
 	}
+	o.creds.volume = cfg.Name // the password agent's question names it
 	lock, err := lockName(sd, cfg.Name)
 	if err != nil {
 		return nil, err

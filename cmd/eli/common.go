@@ -131,68 +131,6 @@ func readHeaderQuiet(p store) (*keys.Header, error) {
 	return h, nil
 }
 
-// toKeys converts what the user gave into keys.Credentials (sharing the byte slices; wipe
-// the credentials, not the conversion).
-func (c *credentials) toKeys() keys.Credentials {
-	return keys.Credentials{Passphrase: c.passphrase, Keyfiles: c.keyfiles}
-}
-
-// wantsPassphrase reports whether attach should ask for a passphrase: unless told, it
-// asks when some active slot uses one.
-func wantsPassphrase(h *keys.Header, cf credFlags) bool {
-	if cf.noPassphrase || cf.passphraseFile != "" {
-		return false
-	}
-	for _, s := range h.Slots {
-		if s.Active && s.Uses&keys.UsesPassphrase != 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// unlock reads the credentials cf names and opens a keyslot of h.
-func unlock(h *keys.Header, cf credFlags, slot int, stdin *stdinGuard) (*keys.MasterKey, int, error) {
-	if h.ActiveSlots() == 0 {
-		return nil, 0, fmt.Errorf("%w: the volume was killed or its last key deleted; restore a header backup to use it again", keys.ErrNoKeys)
-	}
-	if !cf.noPassphrase && cf.passphraseFile == "" && !wantsPassphrase(h, cf) {
-		cf.noPassphrase = true // every slot is keyfile-only: do not prompt
-	}
-	c, err := cf.read(stdin, "Enter passphrase", false)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer c.wipe()
-	mk, n, err := h.UnlockWithin(c.toKeys(), slot, cf.kdfLimits())
-	if errors.Is(err, keys.ErrKDFLimit) {
-		return nil, 0, fmt.Errorf("%w. If you trust this provider's header, --kdf-allow-expensive lifts the limits", err)
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	return mk, n, nil
-}
-
-// kdfLimits are the Argon2id limits for keyslots this command opens or creates.
-func (cf credFlags) kdfLimits() keys.KDFLimits {
-	if cf.allowExpensive {
-		return keys.NoKDFLimits
-	}
-	return keys.DefaultKDFLimits()
-}
-
-func addCredFlags(cmd *cobra.Command, cf *credFlags, passShort, keyShort, noPassShort string) {
-	cmd.Flags().StringVarP(&cf.passphraseFile, "passphrase-file", passShort, "",
-		"read the passphrase from the first line of FILE ('-' for standard input) instead of prompting")
-	cmd.Flags().StringArrayVarP(&cf.keyfiles, "keyfile", keyShort, nil,
-		"use FILE's contents as a key, with or instead of the passphrase (repeatable; '-' for standard input)")
-	cmd.Flags().BoolVarP(&cf.noPassphrase, "no-passphrase", noPassShort, false, "use keyfiles only, no passphrase")
-	cmd.Flags().BoolVar(&cf.allowExpensive, "kdf-allow-expensive", false,
-		fmt.Sprintf("allow Argon2id costs beyond the limits (memory: half of RAM, at most %d MiB; %d lanes; %d GiB × passes in all)",
-			keys.MaxKDFMemoryKiB>>10, keys.LimitKDFThreads, keys.LimitKDFWorkKiB>>20))
-}
-
 // kdfFlags are the Argon2id parameters a command that creates a keyslot takes.
 type kdfFlags struct {
 	memoryMiB int

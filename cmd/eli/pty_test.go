@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -12,35 +11,13 @@ import (
 	"time"
 
 	"github.com/elidisk/eli/internal/elitest"
-	"golang.org/x/sys/unix"
 )
-
-// openPTY returns a pseudo-terminal pair (master, slave).
-func openPTY(t *testing.T) (*os.File, *os.File) {
-	t.Helper()
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Skipf("no pseudo-terminals here: %v", err)
-	}
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m, s
-}
 
 // runOnTerminal runs eli with a pseudo-terminal as its controlling terminal and answers
 // each prompt in turn. It returns everything the terminal showed and the exit code.
 func (e *env) runOnTerminal(answers []string, args ...string) (string, int) {
 	e.t.Helper()
-	m, s := openPTY(e.t)
+	m, s := elitest.OpenPTY(e.t)
 	defer m.Close()
 	cmd := e.Command(args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = s, s, s
