@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -80,6 +81,8 @@ Start with 'eli init PROVIDER', then 'eli attach PROVIDER'; 'eli detach NAME' cl
 		newVersionCmd(),
 		newBenchCmd(),
 		newDemoCmd(g),
+		newElitabCmd(),
+		newManCmd(),
 		newServeCmd(g),
 	)
 	return root
@@ -97,6 +100,9 @@ func exactArgs(names ...string) cobra.PositionalArgs {
 }
 
 func main() {
+	if filepath.Base(os.Args[0]) == generatorName {
+		os.Exit(runGenerator(os.Args[1:]))
+	}
 	os.Exit(run(os.Args[1:]))
 }
 
