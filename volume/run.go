@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/provider"
 )
 
@@ -71,6 +72,9 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 		}()
 	}
 	werr := srv.Wait(ctx)
+	if cfg.KeepBusyDevice {
+		keepIfBusy(srv, log)
+	}
 	serr := srv.Shutdown(context.Background())
 	close(done)
 	<-stopped
@@ -82,6 +86,27 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 	// A failed server keeps its status and log for the user; the next attach removes them.
 	sd.Cleanup(cfg.Name, rec, !final.Failed())
 	return serr
+}
+
+// inUse is nbdkernel.InUse; tests replace it.
+var inUse = nbdkernel.InUse
+
+// keepIfBusy makes the stopping srv leave its kernel device connected if the device is
+// in use, or if that cannot be told.
+func keepIfBusy(srv *Server, log *slog.Logger) {
+	if srv.devIndex < 0 {
+		return
+	}
+	why, err := inUse(srv.devIndex)
+	if err == nil && why == "" {
+		return
+	}
+	if err != nil {
+		why = "cannot tell: " + err.Error()
+	}
+	log.Warn("the kernel device is in use: leaving it connected, as 'eli detach --keep-device' does, for a new server to re-plug",
+		"device", srv.cfg.Device, "in_use", why, "dead_conn_timeout_s", nbdkernel.DeadConnTimeout)
+	srv.KeepDevice()
 }
 
 // Start listens, opens the volume on the unlocked provider p, and serves it: the export

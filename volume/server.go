@@ -50,6 +50,13 @@ type Config struct {
 	// Owner is the instance ID of the ownership mark attach took on a remote provider,
 	// which the server adopts and heartbeats (package remote); empty for local ones.
 	Owner string `json:"owner,omitempty"`
+
+	// KeepBusyDevice: when Run stops, a kernel device still in use (a file system that
+	// could not be unmounted) is left connected as KeepDevice leaves it, for a new server
+	// to re-plug, instead of being pulled from under its users. 'eli attach
+	// --foreground' sets it: a supervisor's stop or restart is not 'eli detach', which
+	// refuses a device in use before it asks the server to stop.
+	KeepBusyDevice bool `json:"keep_busy_device,omitempty"`
 }
 
 // Options are the Open options cfg asks for.

@@ -107,7 +107,7 @@ func addServeFlags(cmd *cobra.Command, o *attachOptions) {
 	f.StringVar(&o.tlsClientCA, "tls-client-ca", "", "require TLS client certificates signed by this CA (PEM)")
 	f.BoolVar(&o.insecureTCP, "insecure-tcp", false, "serve --listen without TLS: anyone who reaches the port can read and write the volume")
 	f.BoolVar(&o.foreground, "foreground", false, "serve in this process until SIGTERM/SIGINT")
-	f.StringVar(&o.device, "device", "", "also connect /dev/nbdN through the kernel's NBD driver")
+	f.StringVar(&o.device, "device", "", "also connect /dev/nbdN through the kernel's NBD driver ('auto': a free one)")
 	f.IntVar(&o.connections, "connections", 4, "connections the kernel device uses (with --device)")
 	f.BoolVar(&o.writeBack, "write-back", false, "with --device: acknowledge writes before their commit (faster; a server crash can then lose acknowledged writes under a flush the kernel re-sends)")
 	f.IntVar(&o.cacheMiB, "cache", 64, "metadata cache size in MiB")
@@ -144,7 +144,7 @@ func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Con
 	if (o.tlsCert != "" || o.tlsClientCA != "") && o.listen == "" {
 		return nil, usagef("TLS options apply to --listen")
 	}
-	if o.device != "" {
+	if o.device != "" && o.device != deviceAuto {
 		if _, err := nbdkernel.ParseDevice(o.device); err != nil {
 			return nil, usageError{err}
 		}
@@ -204,6 +204,11 @@ func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path stri
 	if err != nil {
 		return err
 	}
+	release, err := a.pickDevice(sd)
+	if err != nil {
+		return err
+	}
+	defer release()
 	return a.serve(cmd, sd, o.foreground)
 }
 
@@ -304,10 +309,13 @@ func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bo
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 		defer stop()
+		svc := newService(ctx, a.cfg, log)
+		defer svc.stopped()
 		ready := false
 		err := volume.Run(ctx, a.cfg, sd, a.p, a.mk, log, func(rec *volume.Record) {
 			ready = true
 			printReady(cmd.OutOrStdout(), rec, a.cfg)
+			svc.ready(rec)
 		})
 		if err != nil && ready {
 			return finalError(sd, a.cfg.Name, err)

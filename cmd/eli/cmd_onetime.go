@@ -69,6 +69,11 @@ eli volume is refused unless --force is given.`,
 				warnf("%s", w)
 			}
 			a := &attachment{cfg: cfg, lock: lock, p: p, mk: mk}
+			release, err := a.pickDevice(sd)
+			if err != nil {
+				return err
+			}
+			defer release()
 			return a.serve(cmd, sd, o.foreground)
 		},
 	}

@@ -18,6 +18,12 @@ func (e *env) runEnv(extra []string, args ...string) elitest.Result {
 	e.t.Helper()
 	cmd := e.Command(args...)
 	cmd.Env = append(cmd.Env, extra...)
+	return runCmd(e.t, cmd)
+}
+
+// runCmd runs cmd and returns what it did.
+func runCmd(t *testing.T, cmd *exec.Cmd) elitest.Result {
+	t.Helper()
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -25,7 +31,7 @@ func (e *env) runEnv(extra []string, args ...string) elitest.Result {
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return elitest.Result{Code: code, Stdout: out.String(), Stderr: errb.String()}
 }
