@@ -123,12 +123,10 @@ func runBounded(ctx context.Context, argv []string, stdin io.Reader, stderr io.W
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	done := make(chan struct{})
-	killed := make(chan struct{})
 	go func() {
 		select {
 		case <-ctx.Done():
 			killGroup(cmd.Process.Pid)
-			close(killed)
 		case <-done:
 		}
 	}()
@@ -138,14 +136,12 @@ func runBounded(ctx context.Context, argv []string, stdin io.Reader, stderr io.W
 	}
 	werr := cmd.Wait()
 	close(done)
-	select {
-	case <-killed:
+	if (rerr != nil || werr != nil) && ctx.Err() != nil {
 		clear(out)
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return nil, fmt.Errorf("%s did not finish in time and was killed", what)
 		}
 		return nil, fmt.Errorf("%s: %w", what, ctx.Err())
-	default:
 	}
 	if rerr != nil {
 		return nil, rerr

@@ -36,6 +36,9 @@ func runGenerator(args []string) int {
 		return exitUsage
 	}
 	path := tabPath()
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs // SourcePath= takes an absolute path
+	}
 	vols, lineErrs, err := elitab.ReadFile(path)
 	for _, le := range lineErrs {
 		logf(3, "%v", le)
