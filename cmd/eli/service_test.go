@@ -122,6 +122,71 @@ func runGen(t *testing.T, bin string, env []string, args ...string) elitest.Resu
 	return runCmd(t, cmd)
 }
 
+// TestGeneratedUnitRuns runs what a generated unit's ExecStart= says, as systemd would
+// (a notify socket, the credential directory LoadCredential= fills): the command line the
+// generator writes is one the real eli takes, and it serves.
+func TestGeneratedUnitRuns(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	key := e.Write("vol.key", "the volume's key")
+	img := e.Path("vol.img")
+	e.OK(append(append([]string{"init", "--size", "16M", "--keyfile", key, "--no-passphrase"}, elitest.QuickKDF...), img)...)
+	creds := t.TempDir()
+	os.WriteFile(filepath.Join(creds, "vol.key"), []byte("the volume's key"), 0o400)
+	table := e.Write("elitab", "byfile "+img+" "+key+" device=none\nbycred "+img+" cred:vol.key device=none,readonly\n")
+	gen := filepath.Join(t.TempDir(), "eli-generator")
+	if err := os.Symlink(eliBin, gen); err != nil {
+		t.Fatal(err)
+	}
+	units := t.TempDir()
+	if r := runGen(t, gen, []string{"ELI_ELITAB=" + table}, units); r.Code != 0 || r.Stderr != "" {
+		t.Fatalf("generator: %v", r)
+	}
+	for _, name := range []string{"byfile", "bycred"} {
+		unit, err := os.ReadFile(filepath.Join(units, "eli@"+name+".service"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var argv []string
+		for _, line := range strings.Split(string(unit), "\n") {
+			if cmdline, ok := strings.CutPrefix(line, "ExecStart="); ok {
+				if strings.ContainsAny(cmdline, `"%$\`) {
+					t.Fatalf("this test splits plain command lines only: %s", cmdline)
+				}
+				argv = strings.Fields(cmdline)
+			}
+		}
+		if len(argv) == 0 || argv[0] != eliBin {
+			t.Fatalf("no ExecStart= running this eli in:\n%s", unit)
+		}
+		sock := filepath.Join(e.Dir, "notify-"+name)
+		l, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := e.Command(argv[1:]...)
+		cmd.Env = append(cmd.Env, "NOTIFY_SOCKET="+sock, "CREDENTIALS_DIRECTORY="+creds)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		l.SetReadDeadline(time.Now().Add(60 * time.Second))
+		buf := make([]byte, 4096)
+		n, err := l.Read(buf)
+		if err != nil || !strings.HasPrefix(string(buf[:n]), "READY=1\n") {
+			cmd.Process.Kill()
+			t.Fatalf("%s: no READY: %q, %v; eli said: %s", name, buf[:n], err, stderr.String())
+		}
+		dial(t, filepath.Join(e.State, name+".sock"))
+		cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("%s: %v; eli said: %s", name, err, stderr.String())
+		}
+		l.Close()
+	}
+}
+
 func TestElitabCommand(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
