@@ -311,4 +311,25 @@ func checkVMResults(t *testing.T, res map[string][]string) {
 	want("force_detach_rc", "0")
 	want("force_dev", "disconnected")
 	want("force_server", "gone")
+
+	// attach --foreground --device auto, as a generated unit runs it: the device named
+	// /dev/eli/svc; stopped with its file system mounted, the device stays for the next
+	// server, which re-plugs it; stopped unmounted, it is disconnected and unnamed.
+	if !strings.HasPrefix(get("svc_link"), "../nbd") {
+		t.Errorf("/dev/eli/svc -> %q, want ../nbdN", get("svc_link"))
+	}
+	for _, k := range []string{"svc_mount_rc", "svc_busy_stop_rc", "svc_restart_write_rc", "svc_kernel_errors", "svc_idle_stop_rc"} {
+		want(k, "0")
+	}
+	want("svc_busy_dev", "bound")
+	want("svc_busy_link", get("svc_link"))
+	want("svc_restart_link", get("svc_link"))
+	want("svc_restart_file", "ok")
+	want("svc_idle_dev", "unbound")
+	want("svc_idle_link", "none")
+	want("svc_busy_log", "1")
+	if num("svc_reconnected", 0) < 1 {
+		t.Errorf("the kernel logged no reconnected socket after the service's restart")
+	}
+	want("svc_server", "gone")
 }

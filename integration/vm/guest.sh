@@ -261,4 +261,45 @@ r force_detach_rc $?
 timeout 30 dd if=/dev/nbd0 of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null && r force_dev readable || r force_dev disconnected
 [ -e "$ELI_STATE_DIR/vol.json" ] && r force_server alive || r force_server gone
 timeout 30 umount /mnt 2>/dev/null || timeout 30 umount -l /mnt 2>/dev/null
+
+# eli as a generated unit runs it: attach --foreground --device auto. This guest has no
+# udev, so eli names /dev/eli/svc itself. A stop (SIGTERM) while the file system is
+# mounted leaves the device connected; the next attach finds the device waiting for
+# this volume and re-plugs it; a stop with nothing mounted disconnects it. (/bin/eli, not
+# the function eli: $! must be eli's own pid.)
+svc_link() { readlink /dev/eli/svc 2>/dev/null || echo none; }
+svc_wait() { n=0; while [ "$(svc_link)" = none ] && [ $n -lt 300 ]; do sleep 0.2; n=$((n + 1)); done; }
+dmesg -c >/dev/null
+/bin/eli attach --foreground --passphrase-file /tmp/pass --name svc --device auto $P >/tmp/svc1.out 2>&1 &
+svc=$!
+svc_wait
+dev=$(svc_link)
+r svc_link "$dev"
+mount -t ext4 /dev/eli/svc /mnt
+r svc_mount_rc $?
+dd if=/dev/urandom of=/mnt/svc bs=64k count=16 conv=fsync 2>/dev/null
+sha256sum /mnt/svc >/tmp/svc.sum
+kill -TERM $svc
+wait $svc
+r svc_busy_stop_rc $?
+[ -e "/sys/block/${dev#../}/pid" ] && r svc_busy_dev bound || r svc_busy_dev unbound
+r svc_busy_link "$(svc_link)"
+/bin/eli attach --foreground --passphrase-file /tmp/pass --name svc --device auto $P >/tmp/svc2.out 2>&1 &
+svc=$!
+n=0; while [ ! -e "$ELI_STATE_DIR/svc.json" ] && [ $n -lt 300 ]; do sleep 0.2; n=$((n + 1)); done
+r svc_restart_link "$(svc_link)"
+dropcaches
+sha256sum -c /tmp/svc.sum >/dev/null 2>&1 && r svc_restart_file ok || r svc_restart_file differ
+dd if=/dev/urandom of=/mnt/svc2 bs=64k count=16 conv=fsync 2>/dev/null
+r svc_restart_write_rc $?
+r svc_kernel_errors "$(dmesg | grep -c -i -e 'I/O error' -e 'EXT4-fs error')"
+r svc_reconnected "$(dmesg | grep -c 'reconnected socket')"
+umount /mnt
+kill -TERM $svc
+wait $svc
+r svc_idle_stop_rc $?
+[ -e "/sys/block/${dev#../}/pid" ] && r svc_idle_dev bound || r svc_idle_dev unbound
+r svc_idle_link "$(svc_link)"
+r svc_busy_log "$(grep -c 'the kernel device is in use: leaving it connected' /tmp/svc1.out)"
+[ -e "$ELI_STATE_DIR/svc.json" ] && r svc_server alive || r svc_server gone
 exit 0
