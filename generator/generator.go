@@ -109,26 +109,31 @@ func volumeUnits(cfg Config, v elitab.Volume) []File {
 		line("Wants=blockdev@%s.target", dev)
 		line("Before=blockdev@%s.target", dev)
 	}
+	file := !v.Remote && !strings.HasPrefix(v.Provider, "/dev/")
 	target := LocalTarget
 	if netdev {
 		target = RemoteTarget
 		line("Wants=network-online.target")
 		line("After=network-online.target")
-		line("Wants=remote-fs-pre.target")
-		line("Before=remote-fs-pre.target")
+		// Like an iSCSI disk, the volume is a block device that remote file systems may
+		// sit on. Unless it is a file, which may itself sit on one (NFS): then it comes
+		// after that file system, and the mounts on /dev/eli/NAME wait for its device.
+		if !file {
+			line("Wants=remote-fs-pre.target")
+			line("Before=remote-fs-pre.target")
+		}
 	}
 	if !v.NoFail {
 		line("Before=%s", target)
 	}
 	var mounts []string
 	switch {
-	case v.Remote:
-	case strings.HasPrefix(v.Provider, "/dev/"):
+	case file:
+		mounts = append(mounts, v.Provider)
+	case !v.Remote:
 		dev := EscapePath(v.Provider) + ".device"
 		line("BindsTo=%s", dev)
 		line("After=%s", dev)
-	default:
-		mounts = append(mounts, v.Provider)
 	}
 	switch v.Key.Kind {
 	case elitab.KeyFile:
