@@ -4,10 +4,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"sync"
-	"time"
-
-	"github.com/elidisk/eli/blockdev/internal/tree"
-	"github.com/elidisk/eli/sector"
 )
 
 // authEngine is the engine of authenticated modes.
@@ -20,172 +16,74 @@ import (
 // read-modify-write under the sector's stripe lock, which every write takes to insert, so
 // no update is lost.
 //
-// Batches commit in order, one at a time, each in rounds of journal, sync, data and
-// records in place, sync (commit.go): in the committer goroutine, or in a Flush that
-// finds no commit running. While a commit runs, the next batch may
-// grow to MaxBatchBytes, beyond which writers wait, so memory stays bounded. The
-// metadata cache (metacache.go) holds metadata blocks within CacheBytes; a commit pins
-// the blocks of one round at a time, so rounds are also bounded by half the cache.
+// The engine wires its parts, each of which owns its state: the batcher (batch.go: the
+// batches and the bound on their memory; while a commit runs, the next batch may grow to
+// MaxBatchBytes, beyond which writers wait), the committer (commit.go: batches commit in
+// order, one at a time, each in rounds of journal, sync, data and records in place,
+// sync), the metadata cache (metacache.go: metadata blocks within CacheBytes; a commit
+// pins the blocks of one round at a time, so rounds are also bounded by half the cache),
+// the journal (journal.go) and the format version's freshness (fresh.go).
 type authEngine struct {
 	*core
-	runs sector.MetaRunner
+	cache   *metaCache
+	jrnl    *journal
+	batches batcher
+	commits committer
+	fresh   freshness
 
-	recPool     sync.Pool // *[]record
-	cache       *metaCache
-	jrnl        *journal
-	slabs       *slabPool
-	overrides   map[uint64]record // read-only recovery in memory; immutable after Open
-	maxBatch    int64
-	batchFloor  int64 // the least limit: 4·commitBytes and two slabs, within maxBatch
-	commitBytes int64 // a batch this large is committed at once (see Config.CommitBytes)
-	interval    time.Duration
-	epoch       time.Time
-	roundMax    int // distinct groups per commit round (metadata blocks pinned at once)
-	rec         Recovery
-	// blockPwrites: a metadata block's writes by system call before writeBlock copies it
-	// into a mapping (pwritesBeforeMapping; the crash tests lower it).
-	blockPwrites int
-
-	// Format version 2 (fresh.go): the hash tree (nil in version 1), set by recovery.
-	tree        *tree.Tree
-	onFlushed   func(gen uint64, root [32]byte)
-	reportMu    sync.Mutex // serializes onFlushed calls
-	reported    uint64     // the newest generation reported
-	reportedAny bool
-	mismatchMu  sync.Mutex
-	mismatched  map[uint64]bool // groups whose mismatch was logged
-
-	mu         sync.Mutex
-	cond       sync.Cond // commit finished, batch swapped, or failure
-	pending    *batch
-	committing *batch
-	spare      *batch
-	started    uint64 // seq of the newest batch that began committing
-	committed  uint64 // seq of the newest batch whose commit completed
-	// durable: seq of the newest batch that a Flush may acknowledge. In version 1 that
-	// is committed. In version 2 a batch's last round must also be followed by a durable
-	// journal slot (the next round's, or an empty one, markCompleted): until then the
-	// journal names its sectors with their old records, and putting back their old
-	// ciphertext would make recovery take those.
-	durable     uint64
-	wantDurable uint64 // the newest batch a Flush or FUA waits for
-	reserved    int64  // bytes writers are sealing for the pending batch
-	limit       int64  // pending plus reserved bytes beyond which writers wait (adaptLimit)
-	blocked     int    // writers waiting for room in the pending batch
-	urgent      bool   // a Flush or FUA waits for the pending batch
-	stopping    bool
-	running     bool // a goroutine is committing (runLocked)
-	deferred    bool // the committer found work while running: poke it when done
-	asleep      bool // the committer waits for a poke, no timer armed
-	failed      error
-	fresh       Freshness // version 2: generation and root of the newest durable journal slot
-	kick        chan struct{}
-	done        chan struct{}
-	commitMu    sync.Mutex // held for a whole commit
-	// For tests: how often the committer went to wait and woke, and how many jobs
-	// flushes ran.
-	waits, wakes, flushJobs uint64
-
-	// State of the goroutine that is running a commit.
-	syncTime time.Duration // spent in syncs by the commit under way
-	dataOps  []dataOp
-	sortBuf  []ref // a batch's sectors in index order
-	jentries []journalEntry
-	written  []ref // the sectors of jentries
-	blocks   []*mblock
-	leaves   []tree.Leaf
-	nodeBuf  []byte // adjacent tree nodes, written as one
+	rec       Recovery
+	overrides map[uint64]record // read-only recovery in memory; immutable after Open
+	recPool   sync.Pool         // *[]record
 }
 
 // openAuthenticated runs recovery from the journal and starts the committer (unless the
 // device is read-only).
-func openAuthenticated(c *core, runs sector.MetaRunner, cfg Config) (*authEngine, error) {
-	a := &authEngine{core: c, runs: runs}
+func openAuthenticated(c *core, cfg Config) (*authEngine, error) {
+	a := &authEngine{core: c}
 	a.recPool.New = func() any {
 		r := make([]record, a.pieceSectors)
 		return &r
 	}
 	if err := a.open(cfg); err != nil {
-		return nil, err
+		a.keys.wipeJournal()
+		return nil, fmt.Errorf("open device: %w", err)
 	}
 	return a, nil
 }
 
 func (a *authEngine) open(cfg Config) error {
-	if len(cfg.JournalKey) != JournalKeySize {
-		return fmt.Errorf("open device: journal key is %d bytes, want %d", len(cfg.JournalKey), JournalKeySize)
+	if err := a.keys.setJournalKey(cfg.JournalKey); err != nil {
+		return err
 	}
 	rnd := cfg.rand
 	if rnd == nil {
 		rnd = rand.Reader
 	}
+	a.jrnl = newJournal(&a.keys, a.l, rnd)
 	var err error
-	if a.jrnl, err = newJournal(cfg.JournalKey, a.l, rnd); err != nil {
-		return fmt.Errorf("open device: %w", err)
+	if a.fresh, err = newFreshness(a.core, a.jrnl, cfg); err != nil {
+		return err
 	}
 	cacheBytes := cfg.CacheBytes
 	if cacheBytes <= 0 {
 		cacheBytes = DefaultCacheBytes
 	}
-	m := a.l.MetaBlockSize()
-	v2 := a.l.Tree()
-	a.cache = newMetaCache(m, cacheBytes, func(g uint64, buf []byte) error {
+	a.cache = newMetaCache(a.l.MetaBlockSize(), cacheBytes, func(g uint64, buf []byte) error {
 		if err := a.readOnce(buf, a.geo.blockPos(g)); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
-		if v2 && a.overrides != nil {
+		if a.overrides != nil {
 			a.applyOverrides(g, buf)
 		}
 		return nil
-	})
-	if v2 {
-		a.cache.hashed = true
-		a.cache.verify = a.verifyBlock
-		a.onFlushed = cfg.OnFlushed
-	} else if cfg.MinGeneration > 0 {
-		a.jrnl.wipe()
-		return fmt.Errorf("open device: a minimum generation (%d) was given, but a format version 1 volume has no generation", cfg.MinGeneration)
+	}, a.fresh.verifier())
+	a.batches.init(a.core, cfg, &a.commits.wake)
+	a.commits.init(a.core, &a.batches, a.cache, a.jrnl, a.fresh, cfg)
+	if err := a.fresh.recover(a, cfg.MinGeneration); err != nil {
+		return fmt.Errorf("recovery: %w", err)
 	}
-	// A round pins its metadata blocks, so it may use half of the cache; the other half
-	// keeps serving readers.
-	a.roundMax = max(1, a.cache.capacity()/2)
-	a.maxBatch = cfg.MaxBatchBytes
-	if a.maxBatch <= 0 {
-		a.maxBatch = DefaultMaxBatchBytes
-	}
-	a.maxBatch = max(a.maxBatch, int64(a.pieceSectors*a.s))
-	a.blockPwrites = pwritesBeforeMapping
-	a.commitBytes = cfg.CommitBytes
-	if a.commitBytes <= 0 {
-		a.commitBytes = DefaultCommitBytes
-	}
-	a.commitBytes = min(a.commitBytes, a.maxBatch)
-	// At least two slabs, so that a whole-slab write finds room while a batch is open.
-	a.batchFloor = min(a.maxBatch, max(4*a.commitBytes, int64(2*a.pieceSectors*a.s)))
-	a.limit = a.maxBatch // until a commit shows what syncs cost
-	a.interval = cfg.CommitInterval
-	if a.interval <= 0 {
-		a.interval = DefaultCommitInterval
-	}
-	// Idle slabs kept for reuse: two batches' worth (a full batch may wait while a full
-	// one commits) and two spare pieces, so that a steady write load recycles every slab
-	// and makes no garbage. With one batch's worth, a sequential load kept making new slabs
-	// (faulted in, zeroed, collected), which cost CPU per byte (docs/benchmarks.md,
-	// "Measurements behind design choices").
-	piece := int64(a.pieceSectors * a.s)
-	a.slabs = newSlabPool(a.s, a.pieceSectors, 2*a.maxBatch/int64(a.pieceSectors*a.s)*piece+2*piece)
-	a.epoch = time.Now()
-	a.cond.L = &a.mu
-	if err := a.recover(cfg.MinGeneration); err != nil {
-		a.jrnl.wipe()
-		return fmt.Errorf("open device: recovery: %w", err)
-	}
-	a.pending = &batch{seq: 1}
-	a.durable, a.committed, a.started = a.pending.seq-1, a.pending.seq-1, a.pending.seq-1
 	if !a.ro {
-		a.kick = make(chan struct{}, 1)
-		a.done = make(chan struct{})
-		go a.committer()
+		a.commits.start()
 	}
 	return nil
 }
@@ -206,7 +104,7 @@ func (a *authEngine) writeKeep(p []byte, off int64, flags Flags, done func()) er
 	kept := &slab{buf: p, kept: done}
 	kept.refs.Store(1)
 	err := a.write(p, off, flags, kept)
-	a.slabs.release(kept) // the entries hold their own references
+	a.batches.slabs.release(kept) // the entries hold their own references
 	return err
 }
 
@@ -232,7 +130,7 @@ func (a *authEngine) write(p []byte, off int64, flags Flags, kept *slab) error {
 		return err
 	}
 	if flags&FUA != 0 {
-		return a.waitDurable(last)
+		return a.commits.waitDurable(last)
 	}
 	return nil
 }
@@ -265,7 +163,7 @@ func (a *authEngine) writeZeroes(off, length int64, flags Flags) error {
 		last = max(last, seq)
 	}
 	if flags&FUA != 0 {
-		return a.waitDurable(last)
+		return a.commits.waitDurable(last)
 	}
 	return nil
 }
@@ -276,7 +174,7 @@ func (a *authEngine) trim(first, n uint64, flags Flags) error {
 		return err
 	}
 	if flags&FUA != 0 {
-		return a.waitDurable(seq)
+		return a.commits.waitDurable(seq)
 	}
 	return nil
 }
@@ -284,49 +182,28 @@ func (a *authEngine) trim(first, n uint64, flags Flags) error {
 // flush waits for the newest batch that holds a completed write, so it covers writes
 // from every connection.
 func (a *authEngine) flush() error {
-	a.mu.Lock()
-	target := a.started
-	if !a.pending.empty() {
-		target = a.pending.seq
-	}
-	a.mu.Unlock()
-	if err := a.waitDurable(target); err != nil {
+	if err := a.commits.waitDurable(a.batches.newest()); err != nil {
 		return err
 	}
-	a.reportFresh()
+	a.fresh.report()
 	return nil
 }
 
 // close stops the committer once it has committed what is pending, leaves an empty
 // journal, and wipes the journal key.
 func (a *authEngine) close() error {
-	defer a.jrnl.wipe()
+	defer a.keys.wipeJournal()
 	if a.ro {
 		return nil
 	}
-	a.mu.Lock()
-	a.stopping = true
-	a.mu.Unlock()
-	a.poke()
-	<-a.done
-	a.mu.Lock()
-	err := a.failed
-	a.mu.Unlock()
-	if err != nil {
+	if err := a.commits.stop(); err != nil {
 		return err
 	}
 	// Everything is committed: an empty journal makes the next Open skip recovery.
-	if a.tree != nil {
-		if err := a.writeJournal2(nil); err != nil {
-			return fmt.Errorf("close: %w", err)
-		}
-		a.setFresh()
-		a.reportFresh()
-		return nil
-	}
-	if err := a.writeJournal(nil); err != nil {
+	if err := a.commits.markCompleted(); err != nil {
 		return fmt.Errorf("close: %w", err)
 	}
+	a.fresh.report()
 	return nil
 }
 

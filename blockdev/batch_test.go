@@ -106,19 +106,19 @@ func TestScatteredTrimsBounded(t *testing.T) {
 		if err := d.Trim(int64(k)*spanSectors*512, 512, 0); err != nil {
 			t.Fatal(err)
 		}
-		a.mu.Lock()
-		b := a.pending
+		a.batches.mu.Lock()
+		b := a.batches.pending
 		bytes, n := b.cost(), b.entries.len()
-		a.mu.Unlock()
+		a.batches.mu.Unlock()
 		if want := int64(n) * (zeroEntryCost + spanCost); bytes != want {
 			t.Fatalf("after %d trims the pending batch counts %d bytes for %d entries, want %d", k+1, bytes, n, want)
 		}
-		if bytes > a.maxBatch+spanCost {
-			t.Fatalf("pending batch at %d bytes, bound %d", bytes, a.maxBatch)
+		if bytes > a.batches.maxBatch+spanCost {
+			t.Fatalf("pending batch at %d bytes, bound %d", bytes, a.batches.maxBatch)
 		}
 	}
-	if st := d.Stats(); uint64(trims)*uint64(zeroEntryCost+spanCost) > uint64(a.maxBatch)*3/2 && st.Commits == 0 {
-		t.Fatalf("%d scattered trims made no commit, with batches of %d bytes", trims, a.maxBatch)
+	if st := d.Stats(); uint64(trims)*uint64(zeroEntryCost+spanCost) > uint64(a.batches.maxBatch)*3/2 && st.Commits == 0 {
+		t.Fatalf("%d scattered trims made no commit, with batches of %d bytes", trims, a.batches.maxBatch)
 	}
 }
 
@@ -166,9 +166,9 @@ func TestFullBatchesRecycleSlabs(t *testing.T) {
 		}
 		// Wait until a writer waits for room while a batch commits: two batches full.
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			a.mu.Lock()
-			full := a.blocked > 0 && a.committing != nil
-			a.mu.Unlock()
+			a.batches.mu.Lock()
+			full := a.batches.blocked > 0 && a.batches.committing != nil
+			a.batches.mu.Unlock()
 			if full {
 				break
 			}
@@ -185,13 +185,13 @@ func TestFullBatchesRecycleSlabs(t *testing.T) {
 	}
 	// Writers reserve room before they take a slab, so two batches' worth is the most in
 	// use at once, and the pool keeps as many idle (and two spare).
-	bound := uint64(2*a.maxBatch/req + 2)
+	bound := uint64(2*a.batches.maxBatch/req + 2)
 	for k := range 4 {
 		load(int64(k) * 24)
-		made := a.slabs.allocs.Load()
-		a.slabs.mu.Lock()
-		idle := a.slabs.freeBytes / req
-		a.slabs.mu.Unlock()
+		made := a.batches.slabs.allocs.Load()
+		a.batches.slabs.mu.Lock()
+		idle := a.batches.slabs.freeBytes / req
+		a.batches.slabs.mu.Unlock()
 		if idle != int64(made) {
 			t.Fatalf("after %d loads, all committed: %d slabs made, %d idle in the pool; it dropped the rest", k+1, made, idle)
 		}
@@ -218,8 +218,8 @@ func TestBatchLimitFollowsSyncCost(t *testing.T) {
 		delay time.Duration
 		want  func(a *authEngine) int64
 	}{
-		{"free syncs", 0, func(a *authEngine) int64 { return a.batchFloor }},
-		{"5 ms syncs", 5 * time.Millisecond, func(a *authEngine) int64 { return a.maxBatch }},
+		{"free syncs", 0, func(a *authEngine) int64 { return a.batches.batchFloor }},
+		{"5 ms syncs", 5 * time.Millisecond, func(a *authEngine) int64 { return a.batches.maxBatch }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := newTestVol(t, sector.ModeXChaCha20Poly1305, 4096, 1<<12) // 16 MiB
@@ -235,8 +235,8 @@ func TestBatchLimitFollowsSyncCost(t *testing.T) {
 			}
 			defer d.Close()
 			a := authOf(d)
-			if a.batchFloor != 2<<20 {
-				t.Fatalf("batch floor %d, want 4·CommitBytes", a.batchFloor)
+			if a.batches.batchFloor != 2<<20 {
+				t.Fatalf("batch floor %d, want 4·CommitBytes", a.batches.batchFloor)
 			}
 			buf := bytes.Repeat([]byte{7}, 1<<20)
 			for k := range 32 {
@@ -247,9 +247,9 @@ func TestBatchLimitFollowsSyncCost(t *testing.T) {
 			if err := d.Flush(); err != nil {
 				t.Fatal(err)
 			}
-			a.mu.Lock()
-			limit := a.limit
-			a.mu.Unlock()
+			a.batches.mu.Lock()
+			limit := a.batches.limit
+			a.batches.mu.Unlock()
 			if want := tc.want(a); limit != want {
 				t.Fatalf("batch limit %d after a commit, want %d", limit, want)
 			}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/elidisk/eli/layout"
@@ -11,12 +12,116 @@ import (
 	"github.com/elidisk/eli/blockdev/internal/tree"
 )
 
-// Commits run one at a time, in order, in whichever goroutine finds one due: the
-// committer goroutine, or a Flush or FUA write that finds no commit running (waitDurable).
-// A flush that commits its own batch saves waking the committer and being woken back:
-// on a VM, a third of the CPU time of a lone write and its flush on tmpfs
-// (docs/benchmarks.md, "Measurements behind design choices"). running says that a
-// goroutine is committing; the others wait for it.
+// committer runs the commits of an authenticated engine's batches (batch.go): when, in
+// which goroutine, and how. Commits run one at a time, in order, in whichever goroutine
+// finds one due: the committer goroutine (loop), or a Flush or FUA write that finds no
+// commit running (waitDurable). A flush that commits its own batch saves waking the
+// committer and being woken back: on a VM, a third of the CPU time of a lone write and
+// its flush on tmpfs (docs/benchmarks.md, "Measurements behind design choices").
+//
+// A commit writes each round's journal, syncs, writes data, records and tree nodes in
+// place and syncs (commit); what a format version adds to a round, its freshness does
+// (fresh.go).
+type committer struct {
+	*core
+	b     *batcher
+	cache *metaCache
+	jrnl  *journal
+	fresh freshness
+	wake  wakeup
+	done  chan struct{} // closed when loop returns
+
+	interval time.Duration // Config.CommitInterval
+	roundMax int           // distinct groups per commit round (metadata blocks pinned at once)
+	// blockPwrites: a metadata block's writes by system call before writeBlock copies it
+	// into a mapping (pwritesBeforeMapping; the crash tests lower it).
+	blockPwrites int
+
+	// Guarded by b.mu.
+	running  bool // a goroutine is committing (runLocked)
+	deferred bool // the committer found work while running: poke it when done
+	stopping bool // Close: commit what is pending, then exit
+	// For tests: how often the committer went to wait and woke, and how many jobs
+	// flushes ran.
+	waits, wakes, flushJobs uint64
+
+	commitMu sync.Mutex // held for a whole commit
+	// State of the goroutine that is running a commit (under commitMu).
+	syncTime time.Duration // spent in syncs by the commit under way
+	scratch  commitScratch
+}
+
+// commitScratch is what a commit reuses from one to the next, so that a steady load
+// allocates nothing.
+type commitScratch struct {
+	dataOps  []dataOp
+	sortBuf  []ref // a batch's sectors in index order
+	jentries []journalEntry
+	written  []ref // the sectors of jentries
+	blocks   []*mblock
+	leaves   []tree.Leaf
+	nodeBuf  []byte // adjacent tree nodes, written as one
+}
+
+// wakeup is how writers wake the committer goroutine: a poke, which never blocks and
+// coalesces with one not yet taken. Guarded by the batcher's mu.
+type wakeup struct {
+	kick   chan struct{} // nil on a read-only device, which has no committer
+	asleep bool          // the committer waits for a poke, no timer armed
+}
+
+// poke wakes the committer without blocking.
+func (w *wakeup) poke() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// pokeIfAsleep wakes the committer if no timer will: the first write of a batch calls it.
+func (w *wakeup) pokeIfAsleep() {
+	if w.asleep {
+		w.asleep = false
+		w.poke()
+	}
+}
+
+// init sets c up for cfg, with its parts; start starts its goroutine.
+func (c *committer) init(core *core, b *batcher, cache *metaCache, jrnl *journal, fresh freshness, cfg Config) {
+	c.core, c.b, c.cache, c.jrnl, c.fresh = core, b, cache, jrnl, fresh
+	c.interval = cfg.CommitInterval
+	if c.interval <= 0 {
+		c.interval = DefaultCommitInterval
+	}
+	// A round pins its metadata blocks, so it may use half of the cache; the other half
+	// keeps serving readers.
+	c.roundMax = max(1, cache.capacity()/2)
+	c.blockPwrites = pwritesBeforeMapping
+}
+
+func (c *committer) start() {
+	c.wake.kick = make(chan struct{}, 1)
+	c.done = make(chan struct{})
+	go c.loop()
+}
+
+// stop has the committer goroutine commit what is pending and exit, and returns the
+// failure that stopped the device, if one did.
+func (c *committer) stop() error {
+	c.b.mu.Lock()
+	c.stopping = true
+	c.b.mu.Unlock()
+	c.wake.poke()
+	<-c.done
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	return c.b.failed
+}
+
+// hold keeps the next commit from starting its writes until release: a reader's last
+// attempt (read.go) holds it, so that it cannot starve behind a stream of commits.
+func (c *committer) hold()    { c.commitMu.Lock() }
+func (c *committer) release() { c.commitMu.Unlock() }
 
 // A commitJob is what is due next.
 type commitJob int
@@ -32,137 +137,119 @@ const (
 // CommitInterval runs out (0: nothing pending). A batch is due when a Flush or FUA waits
 // for it, writers wait for room, it reached CommitBytes, CommitInterval passed since its
 // first write, or Close.
-func (a *authEngine) nextJobLocked() (commitJob, time.Duration) {
-	if a.failed != nil {
+func (c *committer) nextJobLocked() (commitJob, time.Duration) {
+	b := c.b
+	if b.failed != nil {
 		return jobExit, 0
 	}
-	b := a.pending
-	markDue := a.markDue()
+	p := b.pending
 	switch {
-	case markDue && b.empty():
+	case p.empty() && b.markDueLocked():
 		return jobMark, 0
-	case !b.empty():
+	case !p.empty():
 		// A Flush waiting for a committed batch is served as soon by the pending
 		// batch's first slot as by an empty one, and a sync cheaper.
-		wait := a.interval - time.Duration(a.now()-b.first)
-		if markDue || a.urgent || a.stopping || a.blocked > 0 || b.cost() >= a.commitBytes || wait <= 0 {
+		wait := c.interval - time.Duration(b.now()-p.first)
+		if c.stopping || wait <= 0 || b.dueLocked() {
 			return jobCommit, 0
 		}
 		return jobNone, wait
-	case a.stopping && !a.running:
+	case c.stopping && !c.running:
 		return jobExit, 0
 	}
 	return jobNone, 0
 }
 
-// runLocked does job (jobCommit or jobMark) with a.mu held on entry and on return, and
-// a.running set throughout. A failure stops the device (failLocked), which the callers
-// find in a.failed.
-func (a *authEngine) runLocked(job commitJob) {
-	a.running = true
+// runLocked does job (jobCommit or jobMark) with b.mu held on entry and on return, and
+// c.running set throughout. A failure stops the device (failLocked), which the callers
+// find in b.failed.
+func (c *committer) runLocked(job commitJob) {
+	c.running = true
 	defer func() {
-		a.running = false
-		a.cond.Broadcast() // flushes waiting for the runner to be done
-		if a.deferred {
-			a.deferred = false
-			a.poke()
+		c.running = false
+		c.b.cond.Broadcast() // flushes waiting for the runner to be done
+		if c.deferred {
+			c.deferred = false
+			c.wake.poke()
 		}
 	}()
 	if job == jobMark {
-		a.mu.Unlock()
-		a.commitMu.Lock()
-		err := a.markCompleted()
-		a.commitMu.Unlock()
-		a.mu.Lock()
+		c.b.mu.Unlock()
+		c.commitMu.Lock()
+		err := c.markCompleted()
+		c.commitMu.Unlock()
+		c.b.mu.Lock()
 		if err != nil {
-			a.failLocked(a.committed, err)
+			c.failLocked(c.b.committed, err)
 		}
 		return
 	}
-	b := a.pending
-	a.pending = a.newBatchLocked(b.seq + 1)
-	a.committing = b
-	a.started = b.seq
-	a.urgent = false
-	a.cond.Broadcast() // writers waiting for room
-	a.mu.Unlock()
+	b := c.b.beginLocked()
+	c.b.mu.Unlock()
 
-	a.commitMu.Lock()
+	c.commitMu.Lock()
 	start := time.Now()
-	a.syncTime = 0
-	gen := a.jrnl.gen
-	err := a.commit(b)
-	wroteSlot := a.jrnl.gen != gen
+	c.syncTime = 0
+	gen := c.jrnl.gen
+	err := c.commit(b)
+	wroteSlot := c.jrnl.gen != gen
 	took := time.Since(start)
-	a.commitMu.Unlock()
+	c.commitMu.Unlock()
 
-	a.mu.Lock()
+	c.b.mu.Lock()
 	if err != nil {
 		// The batch stays visible, so reads stay consistent.
-		a.failLocked(b.seq, err)
+		c.failLocked(b.seq, err)
 		return
 	}
-	a.committing = nil
-	a.adaptLimit(b.bytes, took, a.syncTime)
-	switch {
-	case a.tree == nil:
-		a.durable = b.seq
-	case !wroteSlot && a.durable == a.committed:
-		a.durable = b.seq // it changed nothing on the provider
-	}
-	// Otherwise b's first slot completed the batches before it (slotDurable), and b
-	// waits for the next slot.
-	a.committed = b.seq
-	a.cond.Broadcast()
-	b.entries.reset(a.slabs)
-	b.bytes = 0
-	a.spare = b
+	c.b.adaptLimit(b.bytes, took, c.syncTime)
+	c.b.endLocked(b, wroteSlot)
 }
 
-// committer is the goroutine that commits what no flush commits: batches that fill up or
-// whose CommitInterval runs out, and what Close leaves.
+// loop is the committer goroutine, which commits what no flush commits: batches that
+// fill up or whose CommitInterval runs out, and what Close leaves.
 //
 // It is not woken for every batch: while writes come, it wakes every CommitInterval and
 // arms its timer for the pending batch's deadline, so a writer whose batch a flush
 // commits never wakes it. After idleTicks intervals with nothing pending it sleeps until
 // the next batch's first write pokes it (asleep).
-func (a *authEngine) committer() {
-	defer close(a.done)
+func (c *committer) loop() {
+	defer close(c.done)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	idle := 0
-	a.mu.Lock()
+	c.b.mu.Lock()
 	for {
-		job, wait := a.nextJobLocked()
+		job, wait := c.nextJobLocked()
 		switch {
 		case job == jobExit:
-			a.mu.Unlock()
+			c.b.mu.Unlock()
 			return
-		case job != jobNone && !a.running:
-			a.runLocked(job) // a failure is jobExit next
+		case job != jobNone && !c.running:
+			c.runLocked(job) // a failure is jobExit next
 			idle = 0
 			continue
-		case job != jobNone || (a.stopping && a.running):
+		case job != jobNone || (c.stopping && c.running):
 			// Another goroutine commits; it pokes when done.
-			a.deferred = true
+			c.deferred = true
 		case wait > 0:
 			idle = 0
 			timer.Reset(wait)
 		case idle < idleTicks:
 			idle++
-			timer.Reset(a.interval)
+			timer.Reset(c.interval)
 		default:
-			a.asleep = true
+			c.wake.asleep = true
 		}
-		a.waits++
-		a.mu.Unlock()
+		c.waits++
+		c.b.mu.Unlock()
 		select {
-		case <-a.kick:
+		case <-c.wake.kick:
 		case <-timer.C:
 		}
-		a.mu.Lock()
-		a.asleep = false
-		a.wakes++
+		c.b.mu.Lock()
+		c.wake.asleep = false
+		c.wakes++
 	}
 }
 
@@ -170,32 +257,45 @@ func (a *authEngine) committer() {
 // it sleeps until poked.
 const idleTicks = 10
 
+// waitDurable waits until batch seq is durable; if it is still pending, it asks for a
+// commit now, and makes it itself when no commit is running.
+func (c *committer) waitDurable(seq uint64) error {
+	b := c.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.wantLocked(seq)
+	for b.durable < seq {
+		if b.failed != nil {
+			return b.failed
+		}
+		if !c.running {
+			if job, _ := c.nextJobLocked(); job == jobCommit || job == jobMark {
+				c.flushJobs++
+				c.runLocked(job)
+				continue
+			}
+		}
+		b.cond.Wait()
+	}
+	return nil
+}
+
 // failLocked stops the device after the provider failed in the commit of batch seq (or
 // in the slot that completes it): what is on the provider is for recovery to sort out at
 // the next attach, and every later write or flush fails.
-func (a *authEngine) failLocked(seq uint64, err error) {
-	a.failed = fmt.Errorf("commit of batch %d failed, device stopped (reattach to recover): %w", seq, err)
-	a.log.Error("commit failed; the device accepts no more writes", "batch", seq, "err", err)
-	a.cond.Broadcast()
+func (c *committer) failLocked(seq uint64, err error) {
+	c.log.Error("commit failed; the device accepts no more writes", "batch", seq, "err", err)
+	c.b.failLocked(fmt.Errorf("commit of batch %d failed, device stopped (reattach to recover): %w", seq, err))
 }
 
-// markDue reports whether a Flush or FUA waits for a committed batch that no later journal
-// slot completes yet (version 2).
-func (a *authEngine) markDue() bool {
-	return a.tree != nil && a.durable < a.wantDurable && a.wantDurable <= a.committed
-}
-
-// slotDurable is called once a commit round's journal slot is durable (version 2): the
-// slot completes the rounds before it, so the batches committed before this one may be
-// acknowledged, and its generation is what the witness may record.
-func (a *authEngine) slotDurable() {
-	a.setFresh()
-	a.mu.Lock()
-	if a.durable < a.committed {
-		a.durable = a.committed
-		a.cond.Broadcast()
-	}
-	a.mu.Unlock()
+// slotDurable is called once a journal write is durable. In version 2 the slot completes
+// the rounds before it, so the batches committed before this one may be acknowledged,
+// and its generation is what the witness may record; in version 1 no batch waits for it.
+func (c *committer) slotDurable() {
+	c.fresh.slotDurable()
+	c.b.mu.Lock()
+	c.b.completeLocked()
+	c.b.mu.Unlock()
 }
 
 // markCompleted writes an empty journal slot, the next generation with the same root, and
@@ -205,53 +305,20 @@ func (a *authEngine) slotDurable() {
 // crash after the flush would leave the round's old records one step from being chosen:
 // put back a sector's old ciphertext and recovery, finding that it opens with the old
 // record, would serve the old data (TestFreshnessLastRoundAfterCrash).
-func (a *authEngine) markCompleted() error {
-	if err := a.writeJournal2(nil); err != nil {
+func (c *committer) markCompleted() error {
+	if err := c.writeJournal(nil); err != nil {
 		return err
 	}
-	a.slotDurable()
+	c.slotDurable()
 	return nil
 }
 
 // timedSync is sync for the commit path (and recovery), adding its duration to syncTime.
-func (a *authEngine) timedSync() error {
+func (c *committer) timedSync() error {
 	start := time.Now()
-	err := a.sync()
-	a.syncTime += time.Since(start)
+	err := c.sync()
+	c.syncTime += time.Since(start)
 	return err
-}
-
-// adaptLimit sets how far the pending batch may grow (limit, between batchFloor and
-// MaxBatchBytes) from the commit of bytes that just took took, syncTime of it syncing.
-// Larger batches only pay for themselves where syncs are slow: a commit writes its data
-// at some speed w and waits about syncTime regardless of size, so a batch of 9·syncTime·w
-// keeps the syncs to a tenth of the time. Where they are quick (tmpfs, a disk with a
-// write cache), batches stay small, and so does the memory they cycle through: sealing
-// into a small ring that stays in cache is faster than into a large one, and so are the
-// device's writes with a small bound (docs/benchmarks.md, "Measurements behind design
-// choices").
-func (a *authEngine) adaptLimit(bytes int64, took, syncTime time.Duration) {
-	if a.concurrentIO() {
-		// Over a network provider every step of a commit is a round trip, the writes'
-		// as much as the syncs': all of a commit's time but the transfer is fixed cost.
-		a.limit = a.maxBatch
-		return
-	}
-	want := a.maxBatch
-	if busy := took - syncTime; busy > 0 {
-		want = int64(9 * float64(bytes) * float64(syncTime) / float64(busy))
-	}
-	a.limit = min(a.maxBatch, max(a.batchFloor, want))
-}
-
-func (a *authEngine) newBatchLocked(seq uint64) *batch {
-	b := a.spare
-	a.spare = nil
-	if b == nil {
-		b = &batch{}
-	}
-	b.seq = seq
-	return b
 }
 
 // commit makes batch b durable: in rounds that fit both the journal and half the
@@ -263,17 +330,17 @@ func (a *authEngine) newBatchLocked(seq uint64) *batch {
 // which record matches (docs/format.md, "Journal"). What was acknowledged before a
 // completed Flush, or with FUA, was in a batch whose commit completed. crash_test.go
 // checks this at every point of recorded workloads, with writes lost or torn.
-func (a *authEngine) commit(b *batch) error {
-	refs := b.entries.appendSorted(a.sortBuf[:0])
-	a.sortBuf = refs
-	jcap := journalCap(a.l)
+func (c *committer) commit(b *batch) error {
+	refs := b.entries.appendSorted(c.scratch.sortBuf[:0])
+	c.scratch.sortBuf = refs
+	jcap := journalCap(c.l)
 	for len(refs) > 0 {
 		n, groups := 0, 0
 		var lastG uint64
 		for n < len(refs) && n < jcap {
-			g, _ := a.geo.groupOf(refs[n].i)
+			g, _ := c.geo.groupOf(refs[n].i)
 			if n == 0 || g != lastG {
-				if groups == a.roundMax {
+				if groups == c.roundMax {
 					break
 				}
 				groups++
@@ -281,106 +348,96 @@ func (a *authEngine) commit(b *batch) error {
 			}
 			n++
 		}
-		if err := a.commitRound(refs[:n]); err != nil {
+		if err := c.commitRound(refs[:n]); err != nil {
 			return err
 		}
 		refs = refs[n:]
 	}
-	a.stats.commits.Add(1)
+	c.stats.commits.Add(1)
 	return nil
 }
 
 // commitRound commits the sectors refs (sorted, distinct) of a batch.
-func (a *authEngine) commitRound(refs []ref) error {
+func (c *committer) commitRound(refs []ref) error {
 	// Pin the metadata blocks: they give the old records, and they are written whole.
-	blocks := a.blocks[:0]
+	blocks := c.scratch.blocks[:0]
 	defer func() {
 		for _, blk := range blocks {
-			a.cache.unpin(blk)
+			c.cache.unpin(blk)
 		}
-		a.blocks = blocks[:0]
+		c.scratch.blocks = blocks[:0]
 	}()
-	if a.concurrentIO() {
-		a.prefetch(refs)
+	if c.concurrentIO() {
+		c.prefetch(refs)
 	}
-	jes, written := a.jentries[:0], a.written[:0]
+	jes, written := c.scratch.jentries[:0], c.scratch.written[:0]
 	for _, r := range refs {
 		i := r.i
-		g, j := a.geo.groupOf(i)
+		g, j := c.geo.groupOf(i)
 		if len(blocks) == 0 || blocks[len(blocks)-1].g != g {
-			blk, err := a.cache.get(g)
+			blk, err := c.cache.get(g)
 			if err != nil {
 				return err
 			}
 			blocks = append(blocks, blk)
 		}
-		old := a.cache.record(blocks[len(blocks)-1], j)
+		old := c.cache.record(blocks[len(blocks)-1], j)
 		if old.isZero() && r.e.rec.isZero() {
 			continue // trimming a sector that holds nothing changes nothing
 		}
 		jes = append(jes, journalEntry{index: i, old: old, new: r.e.rec})
 		written = append(written, r)
 	}
-	a.jentries, a.written = jes, written
+	c.scratch.jentries, c.scratch.written = jes, written
 	if len(jes) == 0 {
 		return nil
 	}
 
-	var tc *tree.Commit
-	if a.tree == nil {
-		// 1. The journal, durable before anything is written in place.
-		if err := a.writeJournal(jes); err != nil {
-			return err
-		}
-		a.patchRound(blocks, jes, nil)
-	} else {
-		// Version 2: the journal carries the root the round produces, so the records
-		// go into the cached blocks first (readers of other sectors of these blocks see
-		// no change; the round's sectors are read from the committing batch), each
-		// block is hashed once over the pieces they touched, and the tree is updated.
-		leaves := a.patchRound(blocks, jes, a.leaves[:0])
-		a.leaves = leaves
-		var err error
-		if tc, err = a.tree.Update(leaves); err != nil {
-			return fmt.Errorf("update hash tree: %w", err)
-		}
-		if err := a.writeJournal2(jes); err != nil {
-			return err
-		}
-		a.slotDurable()
+	// 1. The journal, durable before anything is written in place. In version 2 it
+	// carries the root the round produces, so the records go into the cached blocks
+	// first (readers of other sectors of these blocks see no change; the round's sectors
+	// are read from the committing batch), each block is hashed once over the pieces
+	// they touched, and the tree is updated.
+	leaves := c.patchRound(blocks, jes, c.scratch.leaves[:0])
+	c.scratch.leaves = leaves
+	tc, err := c.fresh.update(leaves)
+	if err != nil {
+		return err
 	}
+	if err := c.writeJournal(jes); err != nil {
+		return err
+	}
+	c.slotDurable()
 
 	// 2. Data, records and tree nodes in place, in any order; recovery sorts out a crash
 	// in here.
-	if a.concurrentIO() {
-		if err := a.writeInPlace(written, blocks, tc); err != nil {
+	if c.concurrentIO() {
+		if err := c.writeInPlace(written, blocks, tc); err != nil {
 			return err
 		}
 	} else {
-		if err := a.writeData(written); err != nil {
+		if err := c.writeData(written); err != nil {
 			return err
 		}
-		if err := a.writeBlocks(blocks, tc); err != nil {
+		if err := c.writeBlocks(blocks, tc); err != nil {
 			return err
 		}
 	}
-	if tc != nil {
-		a.tree.Written(tc)
-	}
-	a.stats.rounds.Add(1)
-	a.stats.sectors.Add(uint64(len(jes)))
+	c.fresh.written(tc)
+	c.stats.rounds.Add(1)
+	c.stats.sectors.Add(uint64(len(jes)))
 	return nil
 }
 
-// patchRound puts the round's new records into its pinned blocks. In version 2 it appends
-// to leaves the new digest of every block it changed.
-func (a *authEngine) patchRound(blocks []*mblock, jes []journalEntry, leaves []tree.Leaf) []tree.Leaf {
-	hashed := a.cache.hashed
+// patchRound puts the round's new records into its pinned blocks. Where the cache keeps
+// digests (version 2), it appends to leaves the new digest of every block it changed.
+func (c *committer) patchRound(blocks []*mblock, jes []journalEntry, leaves []tree.Leaf) []tree.Leaf {
+	hashed := c.cache.hashed
 	bi := 0
 	touched := false
 	start := len(leaves)
 	for _, je := range jes {
-		g, j := a.geo.groupOf(je.index)
+		g, j := c.geo.groupOf(je.index)
 		for blocks[bi].g != g {
 			if touched && hashed {
 				leaves = append(leaves, tree.Leaf{Index: uint64(bi)})
@@ -388,7 +445,7 @@ func (a *authEngine) patchRound(blocks []*mblock, jes []journalEntry, leaves []t
 			bi++
 			touched = false
 		}
-		a.cache.patch(blocks[bi], j, &je.new)
+		c.cache.patch(blocks[bi], j, &je.new)
 		touched = true
 	}
 	if touched && hashed {
@@ -397,10 +454,10 @@ func (a *authEngine) patchRound(blocks []*mblock, jes []journalEntry, leaves []t
 	// The digests, in parallel where there are many: a commit waits for them before it
 	// can write its journal, and clients waiting for a flush leave the other cores idle.
 	changed := leaves[start:]
-	a.workers.run(len(changed), digestChunk, func(lo, hi int) error {
+	c.workers.run(len(changed), digestChunk, func(lo, hi int) error {
 		for k := lo; k < hi; k++ {
 			blk := blocks[changed[k].Index]
-			changed[k] = tree.Leaf{Index: blk.g, Digest: a.cache.digest(blk)}
+			changed[k] = tree.Leaf{Index: blk.g, Digest: c.cache.digest(blk)}
 		}
 		return nil
 	})
@@ -411,16 +468,17 @@ func (a *authEngine) patchRound(blocks []*mblock, jes []journalEntry, leaves []t
 // microsecond, handing work to another thread several on a VM.
 const digestChunk = 16
 
-// writeJournal seals entries into the journal, writes it and syncs.
-func (a *authEngine) writeJournal(entries []journalEntry) error {
-	buf, err := a.jrnl.encode(entries)
+// writeJournal seals entries into the next journal write (in version 2 the next
+// generation's slot, with the tree's current root), writes it and syncs.
+func (c *committer) writeJournal(entries []journalEntry) error {
+	buf, off, err := c.jrnl.encode(entries, c.fresh.root())
 	if err != nil {
 		return err
 	}
-	if err := a.writeTearable(buf, a.l.JournalOffset()); err != nil {
+	if err := c.writeTearable(buf, off); err != nil {
 		return fmt.Errorf("write journal: %w", err)
 	}
-	return a.timedSync()
+	return c.timedSync()
 }
 
 // writeData writes the ciphertext of the round's sectors refs, one WriteAt per run of sectors
@@ -428,18 +486,18 @@ func (a *authEngine) writeJournal(entries []journalEntry) error {
 // data of trimmed ones where the provider can. The runs, of at most ioPiece sectors, are
 // written in parallel where the provider takes parallel writes: the kernel's copy into
 // the page cache is a good part of a write's cost.
-func (a *authEngine) writeData(refs []ref) error {
-	puncher := a.puncher
-	s := a.s
-	ops := a.dataOps[:0]
-	defer func() { a.dataOps = ops }()
+func (c *committer) writeData(refs []ref) error {
+	puncher := c.puncher
+	s := c.s
+	ops := c.scratch.dataOps[:0]
+	defer func() { c.scratch.dataOps = ops }()
 	for x := 0; x < len(refs); {
 		i, e := refs[x].i, refs[x].e
-		g, _ := a.geo.groupOf(i)
+		g, _ := c.geo.groupOf(i)
 		y := x + 1
-		for y < len(refs) && y-x < a.ioPiece {
+		for y < len(refs) && y-x < c.ioPiece {
 			ni, ne := refs[y].i, refs[y].e
-			ng, _ := a.geo.groupOf(ni)
+			ng, _ := c.geo.groupOf(ni)
 			if ni != i+uint64(y-x) || ng != g || (ne.slab == nil) != (e.slab == nil) {
 				break
 			}
@@ -451,7 +509,7 @@ func (a *authEngine) writeData(refs []ref) error {
 			}
 			y++
 		}
-		op := dataOp{first: i, n: y - x, pos: a.geo.dataPos(i)}
+		op := dataOp{first: i, n: y - x, pos: c.geo.dataPos(i)}
 		switch {
 		case e.slab != nil:
 			op.data = e.slab.buf[e.off : int(e.off)+(y-x)*s]
@@ -464,7 +522,7 @@ func (a *authEngine) writeData(refs []ref) error {
 	do := func(ops []dataOp) error {
 		for _, op := range ops {
 			if op.data != nil {
-				if _, err := a.p.WriteAt(op.data, op.pos); err != nil {
+				if _, err := c.p.WriteAt(op.data, op.pos); err != nil {
 					return fmt.Errorf("write sectors %d-%d: %w", op.first, op.first+uint64(op.n-1), err)
 				}
 			} else if err := puncher.Punch(op.pos, int64(op.n*s)); err != nil {
@@ -473,15 +531,15 @@ func (a *authEngine) writeData(refs []ref) error {
 		}
 		return nil
 	}
-	if a.concurrentIO() {
+	if c.concurrentIO() {
 		return eachConcurrently(len(ops), func(k int) error { return do(ops[k : k+1]) })
 	}
-	if a.caps.SerialWrites {
+	if c.caps.SerialWrites {
 		// Parallel writes would wait for each other in the kernel (provider.SerialWriter),
 		// and spin meanwhile: leave the other cores to seal the next batch.
 		return do(ops)
 	}
-	return a.workers.run(len(ops), 1, func(lo, hi int) error { return do(ops[lo:hi]) })
+	return c.workers.run(len(ops), 1, func(lo, hi int) error { return do(ops[lo:hi]) })
 }
 
 // dataOp is one write (data) or punch (data nil) of n sectors from first, at pos.
@@ -495,22 +553,22 @@ type dataOp struct {
 // writeBlocks writes metadata blocks and the tree nodes of commits (version 2; later
 // commits' nodes after earlier ones') in place and syncs: the last step of a commit round
 // and of recovery.
-func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) error {
-	if a.concurrentIO() {
-		if err := eachConcurrently(len(blocks), func(k int) error { return a.writeBlock(blocks[k]) }); err != nil {
+func (c *committer) writeBlocks(blocks []*mblock, commits ...*tree.Commit) error {
+	if c.concurrentIO() {
+		if err := eachConcurrently(len(blocks), func(k int) error { return c.writeBlock(blocks[k]) }); err != nil {
 			return err
 		}
 	} else {
 		for _, blk := range blocks {
-			if err := a.writeBlock(blk); err != nil {
+			if err := c.writeBlock(blk); err != nil {
 				return err
 			}
 		}
 	}
-	if err := a.writeNodes(commits); err != nil {
+	if err := c.writeNodes(commits); err != nil {
 		return err
 	}
-	return a.timedSync()
+	return c.timedSync()
 }
 
 // writeBlock writes a metadata block in place. Copied into a mapping, only the bytes
@@ -522,21 +580,21 @@ func (a *authEngine) writeBlocks(blocks []*mblock, commits ...*tree.Commit) erro
 // instead: the first write through the mapping faults the page in, which on a VM costs
 // several pwrites, and a sequential load writes most blocks only once or twice, where
 // random writes write a block again and again.
-func (a *authEngine) writeBlock(blk *mblock) error {
-	pos := a.geo.blockPos(blk.g)
+func (c *committer) writeBlock(blk *mblock) error {
+	pos := c.geo.blockPos(blk.g)
 	var done bool
 	var err error
-	if lo, hi := blk.wlo, blk.whi; a.mapped != nil && hi > lo && blk.writes >= a.blockPwrites {
-		done, err = a.mapped.WriteMapped(blk.data[lo:hi], pos+int64(lo))
+	if lo, hi := blk.wlo, blk.whi; c.mapped != nil && hi > lo && blk.writes >= c.blockPwrites {
+		done, err = c.mapped.WriteMapped(blk.data[lo:hi], pos+int64(lo))
 	}
 	if !done {
-		_, err = a.p.WriteAt(blk.data, pos)
+		_, err = c.p.WriteAt(blk.data, pos)
 	}
 	if err != nil {
 		return fmt.Errorf("write metadata block of group %d: %w", blk.g, err)
 	}
 	blk.wlo, blk.whi = 0, 0
-	blk.writes = min(blk.writes+1, a.blockPwrites)
+	blk.writes = min(blk.writes+1, c.blockPwrites)
 	return nil
 }
 
@@ -547,19 +605,19 @@ const pwritesBeforeMapping = 4
 // writeNodes writes the tree nodes of commits in place, a later commit's version of a node
 // over an earlier one's, and nodes that lie next to each other (the first node of every
 // level, at the start of the data area) in one write.
-func (a *authEngine) writeNodes(commits []*tree.Commit) error {
+func (c *committer) writeNodes(commits []*tree.Commit) error {
 	type nodeOp struct {
 		pos  int64
 		data []byte
 	}
 	ops := make([]nodeOp, 0, 16)
 	seen := make(map[int64]int)
-	for _, c := range commits {
-		if c == nil {
+	for _, tc := range commits {
+		if tc == nil {
 			continue
 		}
-		for _, n := range c.Nodes {
-			pos := a.l.NodePos(n.Level, n.Index)
+		for _, n := range tc.Nodes {
+			pos := c.l.NodePos(n.Level, n.Index)
 			if k, ok := seen[pos]; ok {
 				ops[k].data = n.Data
 				continue
@@ -576,13 +634,13 @@ func (a *authEngine) writeNodes(commits []*tree.Commit) error {
 		}
 		buf := ops[x].data
 		if y-x > 1 {
-			buf = a.nodeBuf[:0]
+			buf = c.scratch.nodeBuf[:0]
 			for _, op := range ops[x:y] {
 				buf = append(buf, op.data...)
 			}
-			a.nodeBuf = buf
+			c.scratch.nodeBuf = buf
 		}
-		if err := a.writeTearable(buf, ops[x].pos); err != nil {
+		if err := c.writeTearable(buf, ops[x].pos); err != nil {
 			return fmt.Errorf("write tree nodes at %d: %w", ops[x].pos, err)
 		}
 		x = y

@@ -27,10 +27,10 @@ func TestFlushCommitsItself(t *testing.T) {
 			// state never has, and a busy machine can delay the goroutine that long.
 			var wakes0 uint64
 			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-				a.mu.Lock()
-				waits := a.waits
-				wakes0 = a.wakes
-				a.mu.Unlock()
+				a.batches.mu.Lock()
+				waits := a.commits.waits
+				wakes0 = a.commits.wakes
+				a.batches.mu.Unlock()
 				if waits > 0 {
 					break
 				}
@@ -55,12 +55,12 @@ func TestFlushCommitsItself(t *testing.T) {
 					}
 				}
 			}
-			a.mu.Lock()
-			jobs, wakes, committed := a.flushJobs, a.wakes, a.committed
-			a.mu.Unlock()
+			a.batches.mu.Lock()
+			jobs, wakes, committed := a.commits.flushJobs, a.commits.wakes, a.batches.committed
+			a.batches.mu.Unlock()
 			// Each flush commits its batch; in version 2 an empty slot completes it.
 			want := uint64(n)
-			if a.tree != nil { // version 2, or any with ELI_TEST_FORMAT2
+			if a.l.Tree() { // version 2, or any with ELI_TEST_FORMAT2
 				want = 2 * n
 			}
 			if jobs != want || committed != n {
@@ -101,9 +101,9 @@ func TestCommitterWithoutFlush(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second) // a hang guard only
 		for {
-			a.mu.Lock()
+			a.batches.mu.Lock()
 			ok := cond()
-			a.mu.Unlock()
+			a.batches.mu.Unlock()
 			if ok {
 				return
 			}
@@ -115,16 +115,16 @@ func TestCommitterWithoutFlush(t *testing.T) {
 	}
 	buf := make([]byte, 4096)
 	for k := range 3 {
-		waitFor("the committer to sleep untimed", func() bool { return a.asleep })
+		waitFor("the committer to sleep untimed", func() bool { return a.commits.wake.asleep })
 		if err := d.WriteAt(buf, int64(k)*4096, 0); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(fmt.Sprintf("batch %d to commit without a flush", k+1), func() bool { return a.committed == uint64(k+1) })
+		waitFor(fmt.Sprintf("batch %d to commit without a flush", k+1), func() bool { return a.batches.committed == uint64(k+1) })
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.flushJobs != 0 {
-		t.Errorf("%d commit jobs ran in flushes; there were none", a.flushJobs)
+	a.batches.mu.Lock()
+	defer a.batches.mu.Unlock()
+	if a.commits.flushJobs != 0 {
+		t.Errorf("%d commit jobs ran in flushes; there were none", a.commits.flushJobs)
 	}
 }
 

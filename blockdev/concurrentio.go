@@ -15,7 +15,7 @@ const maxConcurrentIO = 64
 // an NBD export) each write is a round trip, which costs latency, not CPU, and the
 // provider pipelines concurrent calls; one worker per CPU would wait out the round
 // trips one after another (docs/benchmarks.md, "Remote providers").
-func (a *authEngine) concurrentIO() bool { return a.caps.Shared && !a.caps.SerialWrites }
+func (c *core) concurrentIO() bool { return c.caps.Shared && !c.caps.SerialWrites }
 
 // eachConcurrently runs fn(0..n-1) with up to maxConcurrentIO running at once and
 // returns the first error.
@@ -49,10 +49,10 @@ func eachConcurrently(n int, fn func(i int) error) error {
 // prefetch loads the metadata blocks of a round's groups that the cache lacks, all at
 // once, so that commitRound's loads in order find them there instead of taking a round
 // trip each. A failed load is left for commitRound's own to report.
-func (a *authEngine) prefetch(refs []ref) {
+func (c *committer) prefetch(refs []ref) {
 	var groups []uint64
 	for _, r := range refs {
-		if g, _ := a.geo.groupOf(r.i); len(groups) == 0 || groups[len(groups)-1] != g {
+		if g, _ := c.geo.groupOf(r.i); len(groups) == 0 || groups[len(groups)-1] != g {
 			groups = append(groups, g)
 		}
 	}
@@ -60,8 +60,8 @@ func (a *authEngine) prefetch(refs []ref) {
 		return
 	}
 	eachConcurrently(len(groups), func(k int) error {
-		if blk, err := a.cache.get(groups[k]); err == nil {
-			a.cache.unpin(blk)
+		if blk, err := c.cache.get(groups[k]); err == nil {
+			c.cache.unpin(blk)
 		}
 		return nil
 	})
@@ -70,20 +70,20 @@ func (a *authEngine) prefetch(refs []ref) {
 // writeInPlace is step 2 of a commit round over a network provider: the data, the
 // metadata blocks and the tree nodes go out together (their order does not matter:
 // recovery sorts out a crash in between), one round trip instead of three, then the sync.
-func (a *authEngine) writeInPlace(written []ref, blocks []*mblock, tc *tree.Commit) error {
+func (c *committer) writeInPlace(written []ref, blocks []*mblock, tc *tree.Commit) error {
 	var derr error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		derr = a.writeData(written)
+		derr = c.writeData(written)
 	}()
 	var nerr error
 	nodesDone := make(chan struct{})
 	go func() {
 		defer close(nodesDone)
-		nerr = a.writeNodes([]*tree.Commit{tc})
+		nerr = c.writeNodes([]*tree.Commit{tc})
 	}()
-	berr := eachConcurrently(len(blocks), func(k int) error { return a.writeBlock(blocks[k]) })
+	berr := eachConcurrently(len(blocks), func(k int) error { return c.writeBlock(blocks[k]) })
 	<-done
 	<-nodesDone
 	if nerr != nil {
@@ -95,5 +95,5 @@ func (a *authEngine) writeInPlace(written []ref, blocks []*mblock, tc *tree.Comm
 	if berr != nil {
 		return berr
 	}
-	return a.timedSync()
+	return c.timedSync()
 }

@@ -260,7 +260,7 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		t.Fatal(err)
 	}
 	if v.mapFirst {
-		d.eng.(*authEngine).blockPwrites = 0
+		d.eng.(*authEngine).commits.blockPwrites = 0
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	m := &crashModel{hist: make([][]histEntry, v.sectors), zero: sectorHash(make([]byte, v.sectorSize))}

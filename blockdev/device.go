@@ -136,7 +136,7 @@ type engine interface {
 }
 
 // core is what the Device and its engine share: the provider, the layout's numbers, the
-// codec, scratch buffers, the worker pool, the stripe locks and the counters.
+// keys, scratch buffers, the worker pool, the stripe locks and the counters.
 type core struct {
 	p       provider.Provider
 	caps    provider.Capabilities
@@ -146,14 +146,14 @@ type core struct {
 	mapped provider.MappedWriter
 	// once reads metadata blocks and tree nodes, which the caches keep, by system call
 	// where ReadAt would go through a mapping; nil if the provider has no such choice.
-	once  provider.OnceReader
-	l     Layout
-	geo   geometry // l's numbers, for the per-sector paths
-	codec sector.Codec
-	ro    bool
-	log   *slog.Logger
-	s     int   // sector size
-	size  int64 // bytes exposed
+	once provider.OnceReader
+	l    Layout
+	geo  geometry // l's numbers, for the per-sector paths
+	keys keyring
+	ro   bool
+	log  *slog.Logger
+	s    int   // sector size
+	size int64 // bytes exposed
 
 	pieceSectors int // sectors per slab and per step of a large request
 	chunkSectors int // sectors per parallel chunk
@@ -197,8 +197,9 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Device{core: core{
-		p: p, caps: provider.CapabilitiesOf(p), l: l, geo: newGeometry(l), codec: c, ro: cfg.ReadOnly, log: log,
-		s: l.SectorSize, size: l.Size(),
+		p: p, caps: provider.CapabilitiesOf(p), l: l, geo: newGeometry(l), ro: cfg.ReadOnly, log: log,
+		keys: keyring{codec: c, meta: runs, plain: plainRuns},
+		s:    l.SectorSize, size: l.Size(),
 	}}
 	if d.caps.Punch {
 		d.puncher = p.(provider.Puncher)
@@ -218,10 +219,10 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	}
 	d.workers = newWorkers(max(0, n))
 	if !l.Authenticated() {
-		d.eng = newPlainEngine(&d.core, plainRuns)
+		d.eng = newPlainEngine(&d.core)
 		return d, nil
 	}
-	a, err := openAuthenticated(&d.core, runs, cfg)
+	a, err := openAuthenticated(&d.core, cfg)
 	if err != nil {
 		d.workers.stop()
 		return nil, err
@@ -258,7 +259,7 @@ type Recovery struct {
 // is the recovered one, which the provider does not hold.
 func (d *Device) Freshness() (f Freshness, ok bool) {
 	if a, isAuth := d.eng.(*authEngine); isAuth {
-		return a.freshness()
+		return a.fresh.current()
 	}
 	return Freshness{}, false
 }

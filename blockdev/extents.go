@@ -31,29 +31,15 @@ func (a *authEngine) extents(off, length int64) ([]Extent, error) {
 	end := min(last+1, (g0+uint64(min(extentGroups, a.cache.capacity())))*a.geo.perGroup)
 	state := make([]uint8, end-first)
 
-	a.mu.Lock()
-	pe, ce := &a.pending.entries, (*sectorMap)(nil)
-	if a.committing != nil {
-		ce = &a.committing.entries
-	}
-	var ps, cs *span
-	for k := range state {
-		i := first + uint64(k)
-		if k == 0 || i&spanMask == 0 {
-			ps, cs = pe.spanAt(i), ce.spanAt(i)
-		}
-		e, ok := ps.at(i)
-		if !ok {
-			e, ok = cs.at(i)
-		}
-		if ok {
+	a.batches.lookup(first, len(state), func(k int, e *entry) {
+		switch {
+		case e == nil:
+		case e.rec.isZero():
+			state[k] = extHole
+		default:
 			state[k] = extData
-			if e.rec.isZero() {
-				state[k] = extHole
-			}
 		}
-	}
-	a.mu.Unlock()
+	})
 
 	recs := make([]byte, a.geo.perGroup*uint64(len(record{})))
 	for k := 0; k < len(state); {

@@ -3,6 +3,7 @@ package blockdev
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"syscall"
 
 	"github.com/elidisk/eli/blockdev/internal/tree"
@@ -10,11 +11,84 @@ import (
 )
 
 // Freshness in format version 2 (docs/format.md, "Format version 2"; docs/design.md,
-// "Where the design goes next"): a hash tree over the metadata blocks, whose root the journal carries with a
-// generation that only grows. A metadata block enters the metadata cache only if its
+// "Freshness"): a hash tree over the metadata blocks, whose root the journal carries with
+// a generation that only grows. A metadata block enters the metadata cache only if its
 // digest is the one the tree holds for it; a commit updates the tree once per round and
 // writes the round's nodes with its records; recovery checks the tree on disk against the
 // journal's root before it keeps anything from disk.
+
+// freshness is what a format version keeps beside the records to tell the current
+// metadata from an older copy put back: nothing in version 1 (noFreshness), a hash tree
+// in version 2 (treeFreshness). The engine calls it at each step where the versions
+// differ, and never asks which version it has; newFreshness, at Open, is where that is
+// decided.
+type freshness interface {
+	// verifier is the metadata cache's check of a block's digest as it enters the cache;
+	// nil: the cache keeps no digests, and commits hand update no leaves.
+	verifier() func(g uint64, d tree.Digest) error
+	// recover runs recovery from the journal at Open, with the engine's parts (its
+	// cache, journal and committer), refusing a provider older than minGen
+	// (Config.MinGeneration).
+	recover(a *authEngine, minGen uint64) error
+	// update takes the new digests of the blocks a commit round changed, before the
+	// round's journal is written, and returns the nodes to write in place beside the
+	// blocks (nil: none).
+	update(leaves []tree.Leaf) (*tree.Commit, error)
+	// root is what the next journal write carries.
+	root() [32]byte
+	// written is told that a round's nodes tc are on the provider.
+	written(tc *tree.Commit)
+	// slotDurable is told that the journal's newest write is durable.
+	slotDurable()
+	// current is the generation and root of the newest durable journal slot (ok false
+	// in version 1, which has neither).
+	current() (f Freshness, ok bool)
+	// report tells Config.OnFlushed what current says, if it is new (after a Flush).
+	report()
+}
+
+// newFreshness is the freshness of c's format version.
+func newFreshness(c *core, jrnl *journal, cfg Config) (freshness, error) {
+	if !c.l.Tree() {
+		if cfg.MinGeneration > 0 {
+			return nil, fmt.Errorf("a minimum generation (%d) was given, but a format version 1 volume has no generation", cfg.MinGeneration)
+		}
+		return noFreshness{}, nil
+	}
+	return &treeFreshness{core: c, jrnl: jrnl, onFlushed: cfg.OnFlushed}, nil
+}
+
+// noFreshness is version 1's: records and a journal, nothing that tells an older copy of
+// them from the current one. Its recovery replays the journal alone (recover.go).
+type noFreshness struct{}
+
+func (noFreshness) verifier() func(uint64, tree.Digest) error { return nil }
+func (noFreshness) update([]tree.Leaf) (*tree.Commit, error)  { return nil, nil }
+func (noFreshness) root() (r [32]byte)                        { return r }
+func (noFreshness) written(*tree.Commit)                      {}
+func (noFreshness) slotDurable()                              {}
+func (noFreshness) current() (Freshness, bool)                { return Freshness{}, false }
+func (noFreshness) report()                                   {}
+
+// treeFreshness is version 2's: the hash tree, the generation and root of the newest
+// durable journal slot, which Config.OnFlushed is told of, and the log of blocks that do
+// not match the tree.
+type treeFreshness struct {
+	*core
+	jrnl      *journal
+	tree      *tree.Tree // set by recover
+	onFlushed func(gen uint64, root [32]byte)
+
+	mu  sync.Mutex
+	cur Freshness // the newest durable journal slot's
+
+	reportMu    sync.Mutex // serializes onFlushed calls
+	reported    uint64     // the newest generation reported
+	reportedAny bool
+
+	mismatchMu sync.Mutex
+	mismatched map[uint64]bool // groups whose mismatch was logged
+}
 
 var (
 	// ErrFreshness is metadata that does not match the hash tree of a format version 2
@@ -35,10 +109,10 @@ func treeGeometry(l Layout) tree.Geometry {
 }
 
 // nodeStore reads tree nodes from their places in the data area.
-type nodeStore struct{ a *authEngine }
+type nodeStore struct{ c *core }
 
 func (s nodeStore) ReadNode(level int, index uint64, buf []byte) error {
-	return s.a.readOnce(buf, s.a.l.NodePos(level, index))
+	return s.c.readOnce(buf, s.c.l.NodePos(level, index))
 }
 
 // treeNodesFor is the bound on cached tree nodes for a metadata cache of blocks blocks: a
@@ -46,15 +120,17 @@ func (s nodeStore) ReadNode(level int, index uint64, buf []byte) error {
 // every cached block and more.
 func treeNodesFor(blocks int) int { return max(64, blocks/16) }
 
+func (f *treeFreshness) verifier() func(uint64, tree.Digest) error { return f.verifyBlock }
+
 // verifyBlock is the metadata cache's check of a block entering it.
-func (a *authEngine) verifyBlock(g uint64, d tree.Digest) error {
-	if a.tree == nil { // recovery: the tree is not known yet, recover2 checks itself
+func (f *treeFreshness) verifyBlock(g uint64, d tree.Digest) error {
+	if f.tree == nil { // recovery: the tree is not known yet, recover checks itself
 		return nil
 	}
-	if err := a.tree.Verify(g, d); err != nil {
+	if err := f.tree.Verify(g, d); err != nil {
 		if errors.Is(err, tree.ErrMismatch) {
-			if a.firstMismatch(g) {
-				a.log.Error("metadata block does not match the hash tree", "group", g, "err", err)
+			if f.firstMismatch(g) {
+				f.log.Error("metadata block does not match the hash tree", "group", g, "err", err)
 			}
 			return fmt.Errorf("%w (%v)", ErrFreshness, err)
 		}
@@ -65,67 +141,68 @@ func (a *authEngine) verifyBlock(g uint64, d tree.Digest) error {
 
 // firstMismatch reports whether group g's mismatch is new, so that each is logged once
 // however often it is read (up to a bound, past which every one is logged).
-func (a *authEngine) firstMismatch(g uint64) bool {
-	a.mismatchMu.Lock()
-	defer a.mismatchMu.Unlock()
-	if a.mismatched == nil {
-		a.mismatched = make(map[uint64]bool)
+func (f *treeFreshness) firstMismatch(g uint64) bool {
+	f.mismatchMu.Lock()
+	defer f.mismatchMu.Unlock()
+	if f.mismatched == nil {
+		f.mismatched = make(map[uint64]bool)
 	}
-	if a.mismatched[g] {
+	if f.mismatched[g] {
 		return false
 	}
-	if len(a.mismatched) < 4096 {
-		a.mismatched[g] = true
+	if len(f.mismatched) < 4096 {
+		f.mismatched[g] = true
 	}
 	return true
 }
 
-// applyOverrides puts the records that a read-only recovery kept in memory into a block
-// loaded from the provider (format version 2, where the block's digest must cover them).
-func (a *authEngine) applyOverrides(g uint64, buf []byte) {
-	first := g * a.geo.perGroup
-	for j := range a.geo.groupSectors(g) {
-		if r, ok := a.overrides[first+uint64(j)]; ok {
-			copy(buf[j*len(r):], r[:])
-		}
+func (f *treeFreshness) update(leaves []tree.Leaf) (*tree.Commit, error) {
+	tc, err := f.tree.Update(leaves)
+	if err != nil {
+		return nil, fmt.Errorf("update hash tree: %w", err)
+	}
+	return tc, nil
+}
+
+func (f *treeFreshness) root() [32]byte { return f.tree.Root() }
+
+func (f *treeFreshness) written(tc *tree.Commit) {
+	if tc != nil {
+		f.tree.Written(tc)
 	}
 }
 
-// freshness returns the generation and root of the newest completed commit.
-func (a *authEngine) freshness() (Freshness, bool) {
-	if a.tree == nil {
-		return Freshness{}, false
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.fresh, true
+// slotDurable records that the journal's current generation and root are durable.
+func (f *treeFreshness) slotDurable() {
+	f.mu.Lock()
+	f.cur = Freshness{Generation: f.jrnl.gen, Root: f.jrnl.root}
+	f.mu.Unlock()
 }
 
-// setFresh records that the journal's current generation and root are durable.
-func (a *authEngine) setFresh() {
-	a.mu.Lock()
-	a.fresh = Freshness{Generation: a.jrnl.gen, Root: a.jrnl.root}
-	a.mu.Unlock()
+func (f *treeFreshness) current() (Freshness, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cur, true
 }
 
-// reportFresh tells Config.OnFlushed the durable generation and root. Flushes finish
+// report tells Config.OnFlushed the durable generation and root. Flushes finish
 // concurrently: the calls are serialized, and a generation already reported is not
 // reported again, so a witness never sees one go backwards.
-func (a *authEngine) reportFresh() {
-	if a.onFlushed == nil {
+func (f *treeFreshness) report() {
+	if f.onFlushed == nil {
 		return
 	}
-	a.reportMu.Lock()
-	defer a.reportMu.Unlock()
-	f, ok := a.freshness()
-	if !ok || (a.reportedAny && f.Generation <= a.reported) {
+	f.reportMu.Lock()
+	defer f.reportMu.Unlock()
+	cur, _ := f.current()
+	if f.reportedAny && cur.Generation <= f.reported {
 		return
 	}
-	a.reported, a.reportedAny = f.Generation, true
-	a.onFlushed(f.Generation, f.Root)
+	f.reported, f.reportedAny = cur.Generation, true
+	f.onFlushed(cur.Generation, cur.Root)
 }
 
-// recover2 is recovery for format version 2 (docs/format.md, "Format version 2", "Journal"):
+// recover is recovery for format version 2 (docs/format.md, "Format version 2", "Journal"):
 //
 //  1. the newest journal slot that opens gives the generation, the root and the last
 //     round's entries; a generation below Config.MinGeneration refuses the attach;
@@ -139,7 +216,7 @@ func (a *authEngine) reportFresh() {
 //     the new root before anything is written in place;
 //  4. blocks and nodes are written in place and synced. A crash anywhere in this is
 //     repaired by the next attach from the same (or the new) slot.
-func (a *authEngine) recover2(minGen uint64) error {
+func (f *treeFreshness) recover(a *authEngine, minGen uint64) error {
 	cur, torn, err := a.jrnl.read2(a.p, a.l.Sectors)
 	if err != nil {
 		return err
@@ -157,47 +234,35 @@ func (a *authEngine) recover2(minGen uint64) error {
 		a.rec.Journal = "empty"
 	default:
 		a.rec = Recovery{Journal: "replayed", Sectors: len(cur.entries), InMemory: a.ro}
+		return f.replay(a, cur)
 	}
-	geom := treeGeometry(a.l)
-	maxNodes := treeNodesFor(a.cache.capacity())
-	if len(cur.entries) == 0 {
-		t, _, err := tree.Recover(geom, nodeStore{a}, nil, maxNodes)
-		if err != nil {
-			return err
-		}
-		if t.Root() != cur.root {
-			return fmt.Errorf("%w: the tree's top node does not have the root of journal generation %d", ErrFreshness, cur.gen)
-		}
-		a.tree = t
-		a.fresh = Freshness{Generation: cur.gen, Root: cur.root}
-		return nil
+	t, _, err := tree.Recover(treeGeometry(a.l), nodeStore{f.core}, nil, treeNodesFor(a.cache.capacity()))
+	if err != nil {
+		return err
 	}
+	if t.Root() != cur.root {
+		return fmt.Errorf("%w: the tree's top node does not have the root of journal generation %d", ErrFreshness, cur.gen)
+	}
+	f.tree = t
+	f.cur = Freshness{Generation: cur.gen, Root: cur.root}
+	return nil
+}
 
+// replay is recover's steps 2 to 4 for slot cur, which holds entries.
+func (f *treeFreshness) replay(a *authEngine, cur slotState) error {
 	// 2. Blocks with every entry's new record; the cache does not verify them yet.
-	var blocks []*mblock
-	byGroup := make(map[uint64]*mblock)
+	blocks, byGroup, err := f.withNew(a, cur.entries)
 	defer func() {
 		for _, b := range blocks {
 			a.cache.unpin(b)
 		}
 	}()
-	for _, e := range cur.entries {
-		g, j := a.geo.groupOf(e.index)
-		b := byGroup[g]
-		if b == nil {
-			if b, err = a.cache.get(g); err != nil {
-				return err
-			}
-			byGroup[g] = b
-			blocks = append(blocks, b)
-		}
-		a.cache.patch(b, j, &e.new)
+	if err != nil {
+		return err
 	}
-	leaves := make([]tree.Leaf, len(blocks))
-	for k, b := range blocks {
-		leaves[k] = tree.Leaf{Index: b.g, Digest: a.cache.digest(b)}
-	}
-	t, tc, err := tree.Recover(geom, nodeStore{a}, leaves, maxNodes+len(blocks)*geom.Levels())
+	geom := treeGeometry(a.l)
+	maxNodes := treeNodesFor(a.cache.capacity()) + len(blocks)*geom.Levels()
+	t, tc, err := tree.Recover(geom, nodeStore{f.core}, a.cache.leaves(blocks, nil), maxNodes)
 	if err != nil {
 		return err
 	}
@@ -206,39 +271,19 @@ func (a *authEngine) recover2(minGen uint64) error {
 	}
 
 	// 3. Choose.
-	buf := make([]byte, a.s)
-	chosen := make([]journalEntry, len(cur.entries))
-	changed := make(map[uint64]bool)
-	for k, e := range cur.entries {
-		choice, err := a.choose(e, buf)
-		if err != nil {
-			return err
-		}
-		chosen[k] = journalEntry{index: e.index, old: choice, new: choice}
-		if choice == e.new {
-			a.rec.RolledForward++
-			continue
-		}
-		a.rec.RolledBack++
-		g, j := a.geo.groupOf(e.index)
-		a.cache.patch(byGroup[g], j, &choice)
-		changed[g] = true
+	chosen, changed, err := f.chooseAll(a, cur.entries, byGroup)
+	if err != nil {
+		return err
 	}
 	commits := []*tree.Commit{tc}
 	if len(changed) > 0 {
-		var back []tree.Leaf
-		for _, b := range blocks {
-			if changed[b.g] {
-				back = append(back, tree.Leaf{Index: b.g, Digest: a.cache.digest(b)})
-			}
-		}
-		tc2, err := t.Update(back)
+		tc2, err := t.Update(a.cache.leaves(blocks, changed))
 		if err != nil {
 			return err
 		}
 		commits = append(commits, tc2)
 	}
-	a.tree = t
+	f.tree = t
 	r := a.rec
 	a.log.Info("journal: recovered the last commit", "generation", cur.gen, "sectors", r.Sectors,
 		"rolled_forward", r.RolledForward, "rolled_back", r.RolledBack, "in_memory_only", r.InMemory)
@@ -249,16 +294,18 @@ func (a *authEngine) recover2(minGen uint64) error {
 		for _, e := range chosen {
 			a.overrides[e.index] = e.new
 		}
-		a.fresh = Freshness{Generation: cur.gen, Root: t.Root()}
+		f.cur = Freshness{Generation: cur.gen, Root: t.Root()}
 		return nil
 	}
+
+	// 4. In place.
 	if len(changed) > 0 {
 		// The new root must be durable before any block or node holds it.
-		if err := a.writeJournal2(chosen); err != nil {
+		if err := a.commits.writeJournal(chosen); err != nil {
 			return err
 		}
 	}
-	if err := a.writeBlocks(blocks, commits...); err != nil {
+	if err := a.commits.writeBlocks(blocks, commits...); err != nil {
 		return err
 	}
 	for _, c := range commits {
@@ -266,21 +313,48 @@ func (a *authEngine) recover2(minGen uint64) error {
 	}
 	// The recovered round is served from now on: complete it, so that no later recovery
 	// can take its old records back (markCompleted).
-	if err := a.markCompleted(); err != nil {
-		return err
-	}
-	return nil
+	return a.commits.markCompleted()
 }
 
-// writeJournal2 seals entries with the tree's current root into the next generation's
-// slot, writes it and syncs.
-func (a *authEngine) writeJournal2(entries []journalEntry) error {
-	buf, off, err := a.jrnl.encode2(entries, a.tree.Root())
-	if err != nil {
-		return err
+// withNew loads and pins the metadata blocks of entries, by group, and puts every entry's
+// new record into its block. It returns the blocks pinned, also when it fails.
+func (f *treeFreshness) withNew(a *authEngine, entries []journalEntry) ([]*mblock, map[uint64]*mblock, error) {
+	var blocks []*mblock
+	byGroup := make(map[uint64]*mblock)
+	for _, e := range entries {
+		g, j := a.geo.groupOf(e.index)
+		b := byGroup[g]
+		if b == nil {
+			var err error
+			if b, err = a.cache.get(g); err != nil {
+				return blocks, nil, err
+			}
+			byGroup[g] = b
+			blocks = append(blocks, b)
+		}
+		a.cache.patch(b, j, &e.new)
 	}
-	if err := a.writeTearable(buf, off); err != nil {
-		return fmt.Errorf("write journal: %w", err)
+	return blocks, byGroup, nil
+}
+
+// chooseAll chooses each entry's record (authEngine.choose) and puts those that went back
+// to the old one into its block (byGroup, from withNew). It returns the entries as a
+// journal that names the chosen records, and the groups whose block changed.
+func (f *treeFreshness) chooseAll(a *authEngine, entries []journalEntry, byGroup map[uint64]*mblock) ([]journalEntry, map[uint64]bool, error) {
+	buf := make([]byte, a.s)
+	chosen := make([]journalEntry, len(entries))
+	changed := make(map[uint64]bool)
+	for k, e := range entries {
+		choice, err := a.choose(e, buf)
+		if err != nil {
+			return nil, nil, err
+		}
+		chosen[k] = journalEntry{index: e.index, old: choice, new: choice}
+		if choice != e.new {
+			g, j := a.geo.groupOf(e.index)
+			a.cache.patch(byGroup[g], j, &choice)
+			changed[g] = true
+		}
 	}
-	return a.timedSync()
+	return chosen, changed, nil
 }

@@ -2,7 +2,6 @@ package blockdev
 
 import (
 	"bytes"
-	"crypto/cipher"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -43,10 +42,11 @@ type journalEntry struct {
 	old, new record
 }
 
-// journal seals and opens the journal region. It is used by one goroutine at a time (the one
-// running a commit, or Open's recovery), so its buffer needs no lock.
+// journal seals and opens the journal region, with the journal key of keys. It is used by
+// one goroutine at a time (the one running a commit, or Open's recovery), so its buffer
+// needs no lock.
 type journal struct {
-	aead   cipher.AEAD
+	keys   *keyring
 	rand   io.Reader
 	off    int64 // JournalOffset
 	length int64 // J, or a slot's J/2 in version 2
@@ -61,12 +61,19 @@ type journal struct {
 	root [32]byte
 }
 
-func newJournal(key []byte, l Layout, rand io.Reader) (*journal, error) {
-	a, err := chacha20poly1305.NewX(key)
-	if err != nil {
-		return nil, fmt.Errorf("journal key: %w", err)
+func newJournal(keys *keyring, l Layout, rand io.Reader) *journal {
+	return &journal{keys: keys, rand: rand, off: l.JournalOffset(), length: l.JournalSlotLen(), v2: l.Tree(), l: l}
+}
+
+// encode seals entries into the next journal write and returns its bytes and where they
+// go: in version 1 the journal region, under the next sequence number; in version 2 the
+// slot of the next generation, which carries root.
+func (j *journal) encode(entries []journalEntry, root [32]byte) ([]byte, int64, error) {
+	if j.v2 {
+		return j.encode2(entries, root)
 	}
-	return &journal{aead: a, rand: rand, off: l.JournalOffset(), length: l.JournalSlotLen(), v2: l.Tree(), l: l}, nil
+	b, err := j.encode1(entries)
+	return b, j.off, err
 }
 
 // encode2 builds the sealed version 2 slot for entries and root under the next generation,
@@ -98,13 +105,13 @@ func (j *journal) encode2(entries []journalEntry, root [32]byte) ([]byte, int64,
 		p = append(p, e.old[:]...)
 		p = append(p, e.new[:]...)
 	}
-	j.aead.Seal(p[:0], nonce, p, b[:journal2ADLen])
+	j.keys.journal.Seal(p[:0], nonce, p, b[:journal2ADLen])
 	return b, j.l.JournalSlotOffset(int(j.gen % 2)), nil
 }
 
-// encode builds the sealed journal for entries under the next sequence number and returns
-// the bytes to write at the journal's offset.
-func (j *journal) encode(entries []journalEntry) ([]byte, error) {
+// encode1 builds the sealed version 1 journal for entries under the next sequence number
+// and returns the bytes to write at the journal's offset.
+func (j *journal) encode1(entries []journalEntry) ([]byte, error) {
 	n := journalHeaderLen + len(entries)*journalEntryLen + journalTagLen
 	if int64(n) > j.length {
 		return nil, fmt.Errorf("journal: %d entries do not fit %d bytes", len(entries), j.length)
@@ -128,7 +135,7 @@ func (j *journal) encode(entries []journalEntry) ([]byte, error) {
 		p = append(p, e.old[:]...)
 		p = append(p, e.new[:]...)
 	}
-	j.aead.Seal(p[:0], nonce, p, b[:journalADLen])
+	j.keys.journal.Seal(p[:0], nonce, p, b[:journalADLen])
 	return b, nil
 }
 
@@ -169,7 +176,7 @@ func (j *journal) read(r io.ReaderAt, sectors uint64) ([]journalEntry, error) {
 		return nil, fmt.Errorf("read journal entries: %w", err)
 	}
 	nonce := b[journalNonceOff : journalNonceOff+chacha20poly1305.NonceSizeX]
-	plain, err := j.aead.Open(b[journalHeaderLen:journalHeaderLen], nonce, b[journalHeaderLen:], b[:journalADLen])
+	plain, err := j.keys.journal.Open(b[journalHeaderLen:journalHeaderLen], nonce, b[journalHeaderLen:], b[:journalADLen])
 	if err != nil {
 		return nil, fmt.Errorf("%w (sequence %d, %d entries)", errJournalTorn, seq, count)
 	}
@@ -248,7 +255,7 @@ func (j *journal) readSlot(r io.ReaderAt, k int, sectors uint64) (slotState, err
 		return slotState{}, fmt.Errorf("read journal slot %d entries: %w", k, err)
 	}
 	nonce := b[journal2NonceOff : journal2NonceOff+chacha20poly1305.NonceSizeX]
-	plain, err := j.aead.Open(b[journal2HeaderLen:journal2HeaderLen], nonce, b[journal2HeaderLen:], b[:journal2ADLen])
+	plain, err := j.keys.journal.Open(b[journal2HeaderLen:journal2HeaderLen], nonce, b[journal2HeaderLen:], b[:journal2ADLen])
 	if err != nil {
 		return slotState{state: "torn", detail: fmt.Sprintf("generation %d, %d entries: does not open", gen, count)}, nil
 	}

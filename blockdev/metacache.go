@@ -54,12 +54,17 @@ type mblock struct {
 	writes int
 }
 
-func newMetaCache(blockSize int, maxBytes int64, load func(g uint64, buf []byte) error) *metaCache {
+// newMetaCache makes a cache of blocks of blockSize bytes, at most maxBytes of them, that
+// loads a block with load. With verify, it keeps each block's piece digests and checks a
+// block's digest with verify as it enters.
+func newMetaCache(blockSize int, maxBytes int64, load func(g uint64, buf []byte) error, verify func(g uint64, d tree.Digest) error) *metaCache {
 	c := &metaCache{
 		blocks: make(map[uint64]*mblock),
 		max:    int(max(1, maxBytes/int64(blockSize))),
 		size:   blockSize,
 		load:   load,
+		hashed: verify != nil,
+		verify: verify,
 	}
 	c.lru.next, c.lru.prev = &c.lru, &c.lru
 	return c
@@ -112,9 +117,7 @@ func (c *metaCache) get(g uint64) (*mblock, error) {
 	err := c.load(g, b.data)
 	if err == nil && c.hashed {
 		b.h.Reset(b.data)
-		if c.verify != nil {
-			err = c.verify(g, b.h.Digest(0, g))
-		}
+		err = c.verify(g, b.h.Digest(0, g))
 	}
 
 	c.mu.Lock()
@@ -217,6 +220,18 @@ func (c *metaCache) digest(b *mblock) tree.Digest {
 		b.dirty[w] = 0
 	}
 	return b.h.Digest(0, b.g)
+}
+
+// leaves are the digests of blocks the caller has pinned (hashed caches only), of those
+// of the groups in only if it is not nil, for the tree.
+func (c *metaCache) leaves(blocks []*mblock, only map[uint64]bool) []tree.Leaf {
+	var l []tree.Leaf
+	for _, b := range blocks {
+		if only == nil || only[b.g] {
+			l = append(l, tree.Leaf{Index: b.g, Digest: c.digest(b)})
+		}
+	}
+	return l
 }
 
 // record reads position j of a block the caller has pinned.

@@ -14,12 +14,9 @@ import (
 // Whole sectors go to the codec a chunk (chunkSectors) at a time through sector.Runner.
 type plainEngine struct {
 	*core
-	runs sector.Runner
 }
 
-func newPlainEngine(c *core, runs sector.Runner) *plainEngine {
-	return &plainEngine{core: c, runs: runs}
-}
+func newPlainEngine(c *core) *plainEngine { return &plainEngine{core: c} }
 
 func (e *plainEngine) flush() error { return e.sync() }
 
@@ -49,7 +46,7 @@ func (e *plainEngine) readSectors(dst []byte, first uint64, n int) error {
 		if _, err := e.p.ReadAt(chunk, e.geo.dataPos(first+uint64(lo))); err != nil {
 			return fmt.Errorf("read sectors %d-%d: %w", first+uint64(lo), first+uint64(hi-1), err)
 		}
-		if err := e.runs.OpenRun(first+uint64(lo), chunk, chunk); err != nil {
+		if err := e.keys.plain.OpenRun(first+uint64(lo), chunk, chunk); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
 		return nil
@@ -60,7 +57,7 @@ func (e *plainEngine) readSectors(dst []byte, first uint64, n int) error {
 func (e *plainEngine) seal(buf []byte, first uint64, n int) {
 	e.workers.run(n, e.chunkSectors, func(lo, hi int) error {
 		chunk := buf[lo*e.s : hi*e.s]
-		e.runs.SealRun(first+uint64(lo), chunk, chunk)
+		e.keys.plain.SealRun(first+uint64(lo), chunk, chunk)
 		return nil
 	})
 }
@@ -69,7 +66,7 @@ func (e *plainEngine) writeAt(p []byte, off int64, flags Flags) error {
 	// Mode none's ciphertext is the plaintext: the caller's buffer goes to the provider
 	// as it is, without a copy (about an eighth of mode none's CPU per byte written;
 	// docs/benchmarks.md).
-	none := e.codec.Mode() == sector.ModeNone
+	none := e.keys.codec.Mode() == sector.ModeNone
 	var bp *[]byte
 	if !none {
 		bp = e.getBuf()
@@ -83,7 +80,7 @@ func (e *plainEngine) writeAt(p []byte, off int64, flags Flags) error {
 		// Encrypt from the caller's buffer, which must stay as it is, a chunk at a time:
 		// a run lets xchacha*-xts derive its per-sector subkeys in batches.
 		e.workers.run(n, e.chunkSectors, func(lo, hi int) error {
-			e.runs.SealRun(first+uint64(lo), buf[lo*e.s:hi*e.s], p[lo*e.s:hi*e.s])
+			e.keys.plain.SealRun(first+uint64(lo), buf[lo*e.s:hi*e.s], p[lo*e.s:hi*e.s])
 			return nil
 		})
 		return e.writeSealed(buf, first, n)
@@ -121,7 +118,7 @@ func (e *plainEngine) writePartial(i uint64, o int, part []byte) error {
 		return err
 	}
 	copy(buf[o:], part)
-	e.codec.Seal(i, buf, nil)
+	e.keys.codec.Seal(i, buf, nil)
 	if _, err := e.p.WriteAt(buf, e.geo.dataPos(i)); err != nil {
 		return fmt.Errorf("write sector %d: %w", i, err)
 	}
@@ -147,7 +144,7 @@ func (e *plainEngine) trim(first, n uint64, flags Flags) error {
 // ciphertext, can punch instead.
 func (e *plainEngine) writeZeroes(off, length int64, flags Flags) error {
 	pu := e.puncher
-	canPunch := pu != nil && e.codec.Mode() == sector.ModeNone && flags&NoHole == 0
+	canPunch := pu != nil && e.keys.codec.Mode() == sector.ModeNone && flags&NoHole == 0
 	if flags&FastZero != 0 && !canPunch {
 		return ErrSlowZero
 	}

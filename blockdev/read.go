@@ -27,8 +27,8 @@ import (
 //   - exactly one began and is still committing: any of its sectors that the batch holds
 //     are taken from the batch instead; the others were not touched;
 //   - otherwise (a commit began and finished during the read) it reads again. The third
-//     attempt holds commitMu, which keeps the next commit from starting its writes, so a
-//     read cannot starve behind a stream of commits.
+//     attempt holds the committer (hold), which keeps the next commit from starting its
+//     writes, so a read cannot starve behind a stream of commits.
 //
 // TestReadDuringCommit exercises this under -race.
 
@@ -87,7 +87,7 @@ func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 	for attempt := 0; ; attempt++ {
 		locked := attempt >= 2
 		if locked {
-			a.commitMu.Lock()
+			a.commits.hold()
 		}
 		seen := a.classify(first, src)
 		rs.bad = rs.bad[:0]
@@ -113,7 +113,7 @@ func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 			moved, ok = a.revalidate(first, src, seen, moved[:0])
 		}
 		if locked {
-			a.commitMu.Unlock()
+			a.commits.release()
 		}
 		if err != nil {
 			return err
@@ -157,7 +157,7 @@ func (rs *readScratch) noteBad(bad []uint64) {
 func (a *authEngine) dropRefs(src []source) {
 	for k := range src {
 		if src[k].slab != nil {
-			a.slabs.release(src[k].slab)
+			a.batches.slabs.release(src[k].slab)
 			src[k].slab = nil
 		}
 	}
@@ -172,50 +172,29 @@ func (s *source) fromEntry(e entry) {
 
 // classify looks each sector up in the batches and returns the commit sequence it saw.
 func (a *authEngine) classify(first uint64, src []source) uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	pe, ce := &a.pending.entries, (*sectorMap)(nil)
-	if a.committing != nil {
-		ce = &a.committing.entries
-	}
-	var ps, cs *span
-	for k := range src {
-		i := first + uint64(k)
-		if k == 0 || i&spanMask == 0 {
-			ps, cs = pe.spanAt(i), ce.spanAt(i)
-		}
+	return a.batches.lookup(first, len(src), func(k int, e *entry) {
 		src[k] = source{kind: srcDisk}
-		if e, ok := ps.at(i); ok {
-			src[k].fromEntry(*e)
-		} else if e, ok := cs.at(i); ok {
+		if e != nil {
 			src[k].fromEntry(*e)
 		}
-	}
-	return a.started
+	})
 }
 
 // revalidate is the second look described above. It appends to moved the sectors that it
 // switched to the committing batch.
 func (a *authEngine) revalidate(first uint64, src []source, seen uint64, moved []int) ([]int, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.started == seen {
-		return moved, true
-	}
-	c := a.committing
-	if a.started != seen+1 || c == nil || c.seq != seen+1 {
-		return moved, false
-	}
-	for k := range src {
-		if src[k].kind != srcDisk {
-			continue
+	ok := a.batches.recheck(seen, func(c *batch) {
+		for k := range src {
+			if src[k].kind != srcDisk {
+				continue
+			}
+			if e, ok := c.entries.get(first + uint64(k)); ok {
+				src[k].fromEntry(*e)
+				moved = append(moved, k)
+			}
 		}
-		if e, ok := c.entries.get(first + uint64(k)); ok {
-			src[k].fromEntry(*e)
-			moved = append(moved, k)
-		}
-	}
-	return moved, true
+	})
+	return moved, ok
 }
 
 // fetchRecords fills in the records of the sectors that are in no batch, and lines them
@@ -296,7 +275,7 @@ func (a *authEngine) openRuns(dst []byte, first uint64, src []source, recs []byt
 				copy(recs[j*rs:(j+1)*rs], sc.rec[:])
 			}
 		}
-		err := a.runs.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
+		err := a.keys.meta.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
 		if err != nil {
 			var ae *sector.RunAuthError
 			if !errors.As(err, &ae) {

@@ -4,19 +4,16 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/elidisk/eli/internal/wipe"
 	"github.com/elidisk/eli/sector"
 )
 
-// recover replays the journal (docs/format.md, "Journal"): for each entry, the new record
-// wins if the sector's data opens with it (or it is zero), the old one otherwise. It reads
-// one sector per entry, so its cost follows the last commit's size, never the volume's.
-// Writable devices write the chosen records, sync, and leave an empty journal; read-only
-// ones keep them in memory (a.overrides) and write nothing.
-func (a *authEngine) recover(minGen uint64) error {
-	if a.l.Tree() {
-		return a.recover2(minGen)
-	}
+// recover is recovery for format version 1: it replays the journal (docs/format.md,
+// "Journal"): for each entry, the new record wins if the sector's data opens with it (or
+// it is zero), the old one otherwise. It reads one sector per entry, so its cost follows
+// the last commit's size, never the volume's. Writable devices write the chosen records,
+// sync, and leave an empty journal; read-only ones keep them in memory (a.overrides) and
+// write nothing. A minimum generation was refused by newFreshness.
+func (noFreshness) recover(a *authEngine, _ uint64) error {
 	entries, err := a.jrnl.read(a.p, a.l.Sectors)
 	switch {
 	case errors.Is(err, errNoJournal):
@@ -50,11 +47,6 @@ func (a *authEngine) recover(minGen uint64) error {
 		if err != nil {
 			return err
 		}
-		if choice == e.new {
-			a.rec.RolledForward++
-		} else {
-			a.rec.RolledBack++
-		}
 		g, j := a.geo.groupOf(e.index)
 		if len(blocks) == 0 || blocks[len(blocks)-1].g != g {
 			b, err := a.cache.get(g)
@@ -79,24 +71,41 @@ func (a *authEngine) recover(minGen uint64) error {
 	if a.ro {
 		return nil
 	}
-	if err := a.writeBlocks(blocks, nil); err != nil {
+	if err := a.commits.writeBlocks(blocks, nil); err != nil {
 		return err
 	}
 	// The records are durable: the journal has done its job.
-	return a.writeJournal(nil)
+	return a.commits.writeJournal(nil)
 }
 
-// wipe zeroes the journal key inside the x/crypto AEAD (see sector's aead.go for why
-// reflection: the package offers no other way).
-func (j *journal) wipe() {
-	wipe.AEADKey(j.aead)
-	j.aead = nil
+// applyOverrides puts the records that a read-only recovery kept in memory into a block
+// loaded from the provider: in version 2 the block's digest must cover them.
+func (a *authEngine) applyOverrides(g uint64, buf []byte) {
+	first := g * a.geo.perGroup
+	for j := range a.geo.groupSectors(g) {
+		if r, ok := a.overrides[first+uint64(j)]; ok {
+			copy(buf[j*len(r):], r[:])
+		}
+	}
 }
 
-// choose is recovery's decision for one journal entry: the new record if the sector's data
-// on the provider opens with it (a zero new record always counts as opening), the old one
-// otherwise. buf is scratch of one sector, cleared after use.
+// choose is recovery's decision for one journal entry, counted in a.rec: the new record if
+// the sector's data on the provider opens with it (a zero new record always counts as
+// opening), the old one otherwise. buf is scratch of one sector, cleared after use.
 func (a *authEngine) choose(e journalEntry, buf []byte) (record, error) {
+	r, err := a.decide(e, buf)
+	switch {
+	case err != nil:
+	case r == e.new:
+		a.rec.RolledForward++
+	default:
+		a.rec.RolledBack++
+	}
+	return r, err
+}
+
+// decide is choose without the count.
+func (a *authEngine) decide(e journalEntry, buf []byte) (record, error) {
 	if e.new.isZero() {
 		return e.new, nil
 	}
@@ -104,7 +113,7 @@ func (a *authEngine) choose(e journalEntry, buf []byte) (record, error) {
 	if _, err := a.p.ReadAt(buf, a.geo.dataPos(e.index)); err != nil {
 		return record{}, fmt.Errorf("read sector %d: %w", e.index, err)
 	}
-	err := a.codec.Open(e.index, buf, e.new[:])
+	err := a.keys.codec.Open(e.index, buf, e.new[:])
 	switch {
 	case err == nil:
 		return e.new, nil

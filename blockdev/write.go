@@ -1,7 +1,6 @@
 package blockdev
 
 import (
-	"time"
 	"unsafe"
 
 	"github.com/elidisk/eli/layout"
@@ -25,13 +24,14 @@ func recordBytes(recs []record) []byte {
 func (a *authEngine) writeWhole(p []byte, first uint64, n int) (uint64, error) {
 	// Reserve first: a writer waiting for room holds no slab, so the slabs in use are
 	// within two batches (the pending one and the committing one).
-	cost := a.slabs.bytes(n)
-	if err := a.reserve(cost); err != nil {
+	slabs := a.batches.slabs
+	cost := slabs.bytes(n)
+	if err := a.batches.reserve(cost); err != nil {
 		return 0, err
 	}
-	sl := a.slabs.get(n)
+	sl := slabs.get(n)
 	seq := a.sealInsert(sl, 0, p, first, n, cost)
-	a.slabs.release(sl) // the entries hold their own references
+	slabs.release(sl) // the entries hold their own references
 	return seq, nil
 }
 
@@ -40,7 +40,7 @@ func (a *authEngine) writeWhole(p []byte, first uint64, n int) (uint64, error) {
 func (a *authEngine) writeKept(sl *slab, base int, first uint64, n int) (uint64, error) {
 	// The buffer's capacity counts against the bound, not only the run's bytes.
 	cost := (int64(n*a.s)*int64(cap(sl.buf)) + int64(len(sl.buf)) - 1) / int64(len(sl.buf))
-	if err := a.reserve(cost); err != nil {
+	if err := a.batches.reserve(cost); err != nil {
 		return 0, err
 	}
 	return a.sealInsert(sl, base, sl.buf[base:base+n*a.s], first, n, cost), nil
@@ -56,15 +56,15 @@ func (a *authEngine) sealInsert(sl *slab, base int, p []byte, first uint64, n in
 	if n <= a.chunkSectors {
 		// One chunk needs no pool, and this path no closure, which would escape to
 		// the heap on every small write.
-		a.runs.SealRunMeta(first, dst, p[:n*s], recordBytes(recs))
+		a.keys.meta.SealRunMeta(first, dst, p[:n*s], recordBytes(recs))
 	} else {
 		a.workers.run(n, a.chunkSectors, func(lo, hi int) error {
-			a.runs.SealRunMeta(first+uint64(lo), dst[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
+			a.keys.meta.SealRunMeta(first+uint64(lo), dst[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
 			return nil
 		})
 	}
 	a.locks.lock(first, uint64(n))
-	seq := a.insert(first, n, sl, base, recs, cost)
+	seq := a.batches.insert(first, n, sl, base, recs, cost)
 	a.locks.unlock(first, uint64(n))
 	a.putRecs(rp)
 	return seq
@@ -73,23 +73,24 @@ func (a *authEngine) sealInsert(sl *slab, base int, p []byte, first uint64, n in
 // writePartial writes part at offset o of sector i: read, modify, seal, insert, all under
 // the sector's lock so that no other write of the sector can slip in between.
 func (a *authEngine) writePartial(i uint64, o int, part []byte) (uint64, error) {
-	cost := a.slabs.bytes(1)
-	if err := a.reserve(cost); err != nil {
+	slabs := a.batches.slabs
+	cost := slabs.bytes(1)
+	if err := a.batches.reserve(cost); err != nil {
 		return 0, err
 	}
-	sl := a.slabs.get(1)
+	sl := slabs.get(1)
 	a.locks.lock(i, 1)
 	defer a.locks.unlock(i, 1)
 	if err := a.readSectors(sl.buf[:a.s], i, 1); err != nil {
-		a.unreserve(cost)
-		a.slabs.release(sl)
+		a.batches.unreserve(cost)
+		slabs.release(sl)
 		return 0, err
 	}
 	copy(sl.buf[o:a.s], part)
 	var rec [1]record
-	a.codec.Seal(i, sl.buf[:a.s], rec[0][:])
-	seq := a.insert(i, 1, sl, 0, rec[:], cost)
-	a.slabs.release(sl)
+	a.keys.codec.Seal(i, sl.buf[:a.s], rec[0][:])
+	seq := a.batches.insert(i, 1, sl, 0, rec[:], cost)
+	slabs.release(sl)
 	return seq, nil
 }
 
@@ -97,129 +98,20 @@ func (a *authEngine) writePartial(i uint64, o int, part []byte) (uint64, error) 
 func (a *authEngine) zeroWhole(first, n uint64, punch bool) (uint64, error) {
 	// Pieces of half the smallest batch bound: each one finds room whenever the pending
 	// batch is at most half full, however small the bound has adapted to be.
-	piece := uint64(max(1, a.batchFloor/zeroEntryCost/2))
+	piece := uint64(max(1, a.batches.batchFloor/zeroEntryCost/2))
 	var seq uint64
 	for n > 0 {
 		k := min(n, piece)
 		cost := int64(k) * zeroEntryCost
-		if err := a.reserve(cost); err != nil {
+		if err := a.batches.reserve(cost); err != nil {
 			return 0, err
 		}
 		a.locks.lock(first, k)
-		a.mu.Lock()
-		b := a.pending
-		for x := range k {
-			a.replaceLocked(b, first+x, entry{punch: punch})
-		}
-		seq = a.addedLocked(b, cost)
-		a.mu.Unlock()
+		seq = a.batches.insertZeroes(first, k, punch, cost)
 		a.locks.unlock(first, k)
 		first, n = first+k, n-k
 	}
 	return seq, nil
-}
-
-// insert puts n sealed sectors of slab sl, from byte base, into the pending batch.
-func (a *authEngine) insert(first uint64, n int, sl *slab, base int, recs []record, cost int64) uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	b := a.pending
-	sl.refs.Add(int32(n))
-	for k := range n {
-		a.replaceLocked(b, first+uint64(k), entry{slab: sl, off: int32(base + k*a.s), rec: recs[k]})
-	}
-	return a.addedLocked(b, cost)
-}
-
-// replaceLocked makes e sector i's entry in b.
-func (a *authEngine) replaceLocked(b *batch, i uint64, e entry) {
-	if old, replaced := b.entries.put(i, e); replaced && old.slab != nil {
-		a.slabs.release(old.slab)
-	}
-}
-
-// addedLocked accounts for cost bytes moved from the reservation into batch b and wakes
-// the committer when the batch fills, or starts while the committer sleeps untimed.
-func (a *authEngine) addedLocked(b *batch, cost int64) uint64 {
-	a.reserved -= cost
-	if b.bytes == 0 {
-		b.first = a.now()
-		if a.asleep {
-			a.asleep = false
-			a.poke()
-		}
-	}
-	b.bytes += cost
-	if b.cost() >= a.commitBytes {
-		a.poke()
-	}
-	return b.seq
-}
-
-func (a *authEngine) now() int64 { return int64(time.Since(a.epoch)) }
-
-// reserve waits until the pending batch has room for cost more bytes (or is empty: a
-// request bigger than MaxBatchBytes still goes through, alone) and reserves them. This
-// is the backpressure that bounds memory: writers wait for commits.
-func (a *authEngine) reserve(cost int64) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for {
-		if a.failed != nil {
-			return a.failed
-		}
-		used := a.pending.cost() + a.reserved
-		if used == 0 || used+cost <= a.limit {
-			a.reserved += cost
-			return nil
-		}
-		a.blocked++
-		a.poke()
-		a.cond.Wait()
-		a.blocked--
-	}
-}
-
-func (a *authEngine) unreserve(cost int64) {
-	a.mu.Lock()
-	a.reserved -= cost
-	a.cond.Broadcast()
-	a.mu.Unlock()
-}
-
-// poke wakes the committer without blocking.
-func (a *authEngine) poke() {
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
-}
-
-// waitDurable waits until batch seq is durable; if it is still pending, it asks for a
-// commit now, and makes it itself when no commit is running.
-func (a *authEngine) waitDurable(seq uint64) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.pending.seq == seq && !a.pending.empty() {
-		a.urgent = true
-	}
-	if seq > a.durable && seq > a.wantDurable {
-		a.wantDurable = seq
-	}
-	for a.durable < seq {
-		if a.failed != nil {
-			return a.failed
-		}
-		if !a.running {
-			if job, _ := a.nextJobLocked(); job == jobCommit || job == jobMark {
-				a.flushJobs++
-				a.runLocked(job)
-				continue
-			}
-		}
-		a.cond.Wait()
-	}
-	return nil
 }
 
 // getRecs returns scratch for n records.
