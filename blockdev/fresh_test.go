@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/sector"
+
+	"golang.org/x/crypto/chacha20poly1305"
 )
 
 // freshVols are the two states of one format version 2 volume of 512-byte sectors over
@@ -776,5 +779,126 @@ func TestFlushAckSurvivesDataRollback(t *testing.T) {
 			}
 			dd.Close()
 		}
+	}
+}
+
+// forgeSlot seals a version 2 journal slot as only a holder of the journal key can, from
+// docs/format.md alone: generation gen, reserved bytes 20..23 reserved, root, entries.
+func forgeSlot(t *testing.T, gen uint64, reserved uint32, root [32]byte, entries []journalEntry) []byte {
+	t.Helper()
+	aead, err := chacha20poly1305.NewX(testJournalKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 80, 80+88*len(entries)+16)
+	copy(b, "ELIJRNL2")
+	binary.LittleEndian.PutUint64(b[8:], gen)
+	binary.LittleEndian.PutUint32(b[16:], uint32(len(entries)))
+	binary.LittleEndian.PutUint32(b[20:], reserved)
+	copy(b[24:56], root[:])
+	copy(b[56:80], "a nonce of 24 bytes.....")
+	var plain []byte
+	for _, e := range entries {
+		plain = binary.LittleEndian.AppendUint64(plain, e.index)
+		plain = append(plain, e.old[:]...)
+		plain = append(plain, e.new[:]...)
+	}
+	return aead.Seal(b, b[56:80], plain, b[:56])
+}
+
+// TestJournalSlotRules: a version 2 journal slot that opens but breaks the format's rules
+// (reserved bytes not zero, a generation in the other slot's place or 0, an entry past
+// the last sector, a sector named twice) refuses the attach, whether it is the current
+// slot or the other one, whose entries are otherwise never used. The same slot within
+// the rules, in the other one's place, opens.
+func TestJournalSlotRules(t *testing.T) {
+	t.Parallel()
+	v := newTestVolVersion(t, layout.Version2, sector.ModeXChaCha20Poly1305, 512, 300)
+	d := v.open(t)
+	for k := range 3 {
+		if err := d.WriteAt(bytes.Repeat([]byte{byte(k + 1)}, 512), int64(k)*512*100, FUA); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	img := v.mem.snapshot()
+	fr, ok, err := PeekFreshness(&memProvider{data: img}, v.l)
+	if err != nil || !ok || fr.Generation < 3 {
+		t.Fatalf("freshness %+v %v %v, want a few generations", fr, ok, err)
+	}
+	cur := fr.Generation
+	var r record
+	r[0] = 1
+	one := []journalEntry{{index: 5, old: r, new: r}}
+	cases := []struct {
+		name    string
+		forge   func(gen uint64) []byte
+		wantErr string // "" for none
+	}{
+		{"within the rules", func(g uint64) []byte {
+			if g > cur { // a current slot's entries must also give the tree's root
+				return forgeSlot(t, g, 0, fr.Root, nil)
+			}
+			return forgeSlot(t, g, 0, fr.Root, one)
+		}, ""},
+		{"reserved bytes", func(g uint64) []byte { return forgeSlot(t, g, 1, fr.Root, one) }, "reserved bytes are not zero"},
+		{"the other slot's generation", func(g uint64) []byte { return forgeSlot(t, g+1, 0, fr.Root, one) }, "which belongs in slot"},
+		{"a sector past the end", func(g uint64) []byte {
+			return forgeSlot(t, g, 0, fr.Root, []journalEntry{{index: 300, old: r, new: r}})
+		}, "names sector 300 of 300"},
+		{"a sector twice", func(g uint64) []byte { return forgeSlot(t, g, 0, fr.Root, append(one, one...)) }, "appears twice"},
+	}
+	for _, tc := range cases {
+		// The other slot (one generation older than the current one), and the current
+		// slot (the next generation, in the other slot's place).
+		for _, gen := range []uint64{cur - 1, cur + 1} {
+			t.Run(fmt.Sprintf("%s/generation %+d", tc.name, int64(gen)-int64(cur)), func(t *testing.T) {
+				forged := bytes.Clone(img)
+				off := v.l.JournalSlotOffset(int(gen % 2))
+				clear(forged[off : off+v.l.JournalSlotLen()])
+				copy(forged[off:], tc.forge(gen))
+				cfg := v.cfg
+				cfg.Logger = discardLogger()
+				cfg.ReadOnly = true
+				d, err := Open(&memProvider{data: forged}, cfg)
+				if tc.wantErr == "" {
+					if err != nil {
+						t.Fatalf("a slot within the rules: %v", err)
+					}
+					d.Close()
+					return
+				}
+				if err == nil {
+					d.Close()
+					t.Fatalf("Open accepted a slot with %s", tc.name)
+				}
+				if !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Open: %v, want an error saying %q", err, tc.wantErr)
+				}
+			})
+		}
+	}
+}
+
+// TestJournalGeneration0: a slot that opens with generation 0, which eli never writes
+// (it stands for "no slot"), refuses the attach with a message that says so, not one that
+// sends it to a slot where it would be just as wrong.
+func TestJournalGeneration0(t *testing.T) {
+	t.Parallel()
+	v := newTestVolVersion(t, layout.Version2, sector.ModeXChaCha20Poly1305, 512, 300)
+	img := v.mem.snapshot()
+	copy(img[v.l.JournalSlotOffset(0):], forgeSlot(t, 0, 0, [32]byte{}, nil))
+	cfg := v.cfg
+	cfg.Logger = discardLogger()
+	d, err := Open(&memProvider{data: img}, cfg)
+	if err == nil {
+		d.Close()
+		t.Fatal("Open accepted a slot of generation 0")
+	}
+	msg := err.Error()
+	if !errors.Is(err, ErrFreshness) || !strings.Contains(msg, "generation 0") || !strings.Contains(msg, "no slot may hold") || strings.Contains(msg, "belongs in slot") {
+		t.Fatalf("Open: %v, want ErrFreshness saying that no slot may hold generation 0", err)
 	}
 }

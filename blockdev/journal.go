@@ -263,7 +263,11 @@ func (j *journal) readSlot(r io.ReaderAt, k int, sectors uint64) (slotState, err
 	if !bytes.Equal(b[20:24], []byte{0, 0, 0, 0}) {
 		return slotState{}, fmt.Errorf("journal slot %d: reserved bytes are not zero", k)
 	}
-	if gen == 0 || gen%2 != uint64(k) {
+	switch {
+	case gen == 0:
+		// Generation 0 stands for "no slot written"; the first slot written is 1.
+		return slotState{}, fmt.Errorf("%w: journal slot %d holds generation 0, which no slot may hold (the first written is 1)", ErrFreshness, k)
+	case gen%2 != uint64(k):
 		return slotState{}, fmt.Errorf("%w: journal slot %d holds generation %d, which belongs in slot %d", ErrFreshness, k, gen, gen%2)
 	}
 	entries, err := decodeEntries(plain, int(count), gen, sectors)
