@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -277,4 +278,68 @@ func rec(l Layout, raw []byte, i uint64) []byte {
 func data(l Layout, raw []byte, i uint64) []byte {
 	p := l.DataPos(i)
 	return raw[p : p+int64(l.SectorSize)]
+}
+
+// TestMetadataBlockUnusedBytes: the bytes of a metadata block that hold no record (its
+// tail after the last record, and in the last group the records of positions past the
+// last sector) are ignored on read in version 1, and kept as read when a commit writes
+// the block back; in version 2 they are part of the block's digest, so one changed byte
+// there fails every sector of the group (docs/format.md, "Data area, authenticated
+// modes").
+func TestMetadataBlockUnusedBytes(t *testing.T) {
+	t.Parallel()
+	for _, version := range []uint32{0, layout.Version2} {
+		for _, where := range []string{"tail", "past the last sector"} {
+			t.Run(fmt.Sprintf("version=%d/%s", max(version, 1), where), func(t *testing.T) {
+				t.Parallel()
+				v := newTestVolVersion(t, version, sector.ModeXChaCha20Poly1305, 512, tamperSectors)
+				l := v.l
+				r := uint64(l.RecordsPerGroup())
+				if tamperSectors%r == 0 || l.MetaBlockSize()%layout.RecordSize == 0 {
+					t.Fatalf("%d sectors of %d records per group leave no unused record or tail", tamperSectors, r)
+				}
+				plain := bytes.Repeat([]byte{0x3c}, tamperSectors*512)
+				d := v.open(t)
+				if err := d.WriteAt(plain, 0, 0); err != nil {
+					t.Fatal(err)
+				}
+				if err := d.Close(); err != nil {
+					t.Fatal(err)
+				}
+				g := uint64(1) // a full group: its tail
+				off := l.BlockPos(g) + int64(r)*layout.RecordSize + 5
+				if where != "tail" {
+					g = tamperSectors / r // the last group: a record slot past the last sector
+					off = recPos(l, tamperSectors) + 7
+				}
+				v.mem.data[off] ^= 0x20
+				changed := v.mem.data[off]
+				d = v.open(t)
+				defer d.Close()
+				buf := make([]byte, 512)
+				for k := uint64(0); k < tamperSectors; k++ {
+					err := d.ReadAt(buf, int64(k)*512)
+					if l.Tree() && k/r == g {
+						if !errors.Is(err, ErrFreshness) {
+							t.Fatalf("version 2, sector %d of the changed block's group: %v, want ErrFreshness", k, err)
+						}
+						continue
+					}
+					if err != nil || !bytes.Equal(buf, plain[k*512:(k+1)*512]) {
+						t.Fatalf("sector %d: %v", k, err)
+					}
+				}
+				if l.Tree() {
+					return
+				}
+				// Version 1 writes the block back with the changed byte as it read it.
+				if err := d.WriteAt(buf, int64(g*r)*512, FUA); err != nil {
+					t.Fatal(err)
+				}
+				if got := v.mem.snapshot()[off]; got != changed {
+					t.Fatalf("after a commit to the group, the unused byte is %#x, want the %#x it held", got, changed)
+				}
+			})
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package keys
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -261,5 +262,36 @@ func TestSetKeyNeedsThisVolumesKey(t *testing.T) {
 	}
 	if mustRead(t, p).Sequence != 1 {
 		t.Error("a refused SetKey wrote the header")
+	}
+}
+
+// TestKeyslotReservedBytes: a keyslot's reserved bytes (12..15 and 152..191) must be zero:
+// a header copy with one that is not is refused as corrupt, naming the keyslot, even with
+// its checksum recomputed. The check is all that covers bytes 152..191: they lie outside
+// the keyslot's additional data and the header MAC, where bytes 12..15 are inside the
+// additional data (docs/format.md, "Keyslot").
+func TestKeyslotReservedBytes(t *testing.T) {
+	t.Parallel()
+	p, _ := newVolume(t)
+	good := p.bytesAt(0, HeaderSize)
+	var raw [HeaderSize]byte
+	copy(raw[:], good)
+	ad, mac := slotAD(&raw, 0), authenticatedPrefix(&raw, offMAC)
+	q := p.clone()
+	for _, off := range []int{12, 15, 152, 170, 191} {
+		changed := raw
+		changed[offSlots+off] ^= 0x04
+		if got := !bytes.Equal(slotAD(&changed, 0), ad); got != (off < slotSalt) {
+			t.Errorf("keyslot byte %d in the keyslot's additional data: %v, want %v", off, got, off < slotSalt)
+		}
+		if !bytes.Equal(authenticatedPrefix(&changed, offMAC), mac) {
+			t.Errorf("keyslot byte %d is under the header MAC", off)
+		}
+		rewrite(q, 0, changed[:])
+		rewrite(q, copyB(q), changed[:])
+		_, err := unlock(q, pass("pw0"), AnySlot)
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "keyslot 0: reserved bytes are not zero") {
+			t.Errorf("keyslot byte %d not zero: %v, want a corrupt header naming keyslot 0's reserved bytes", off, err)
+		}
 	}
 }
