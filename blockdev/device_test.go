@@ -496,3 +496,24 @@ func TestMetadataMapping(t *testing.T) {
 		t.Errorf("block written %d times by WriteAt and %d through the mapping, want %d and %d", w, m, pwritesBeforeMapping, 10-pwritesBeforeMapping)
 	}
 }
+
+// TestCloseWipesJournalKey: the device's copy of the journal key, in its keyring, is
+// overwritten by Close: the cipher made from it no longer opens what it sealed.
+func TestCloseWipesJournalKey(t *testing.T) {
+	t.Parallel()
+	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, 300)
+	d := v.open(t)
+	k := &authOf(d).keys
+	aead := k.journal
+	nonce := make([]byte, aead.NonceSize())
+	sealed := aead.Seal(nil, nonce, []byte("journal"), nil)
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if k.journal != nil {
+		t.Fatal("the keyring still holds the journal cipher after Close")
+	}
+	if _, err := aead.Open(nil, nonce, sealed, nil); err == nil {
+		t.Fatal("the journal cipher still opens what it sealed after Close: its key was not wiped")
+	}
+}
