@@ -347,7 +347,7 @@ func TestExtendedHeaders(t *testing.T) {
 	ec := connectExt(t, path)
 
 	data := pattern(8192, 5)
-	if c := ec.roundTrip(t, nbdproto.CmdWrite, 0, 6<<30, 8192, data); c.typ != nbdproto.ChunkNone {
+	if c := ec.roundTrip(t, nbdproto.CmdWrite, nbdproto.CmdFlagPayloadLen, 6<<30, 8192, data); c.typ != nbdproto.ChunkNone {
 		t.Fatalf("write: chunk type %d (error %d)", c.typ, c.errCode)
 	}
 	c := ec.roundTrip(t, nbdproto.CmdRead, 0, 6<<30, 8192, nil)

@@ -87,8 +87,10 @@ type request struct {
 	handle      uint64
 	off         uint64
 	length      uint64        // 32 bits on the wire unless extended headers are in use
-	held        int64         // budget bytes taken
-	fromReserve bool          // the budget came from the connection's reserve
+	held        int64         // bytes taken from the server's budget (s.global)
+	local       int64         // bytes taken from the connection's (c.local)
+	fromReserve bool          // the server's budget came from the connection's reserve
+	streamed    bool          // served in pieces: see stream.go
 	gathers     bool          // counted in out.busy until its reply: see replyWriter
 	arrived     time.Duration // since the connection's start: see conn.slowest
 	buf         *[]byte
@@ -267,11 +269,23 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 			return "client disconnected", slog.LevelInfo, false
 		}
 		c.requests.Add(1)
-		// The bytes that follow the header: a WRITE's data, or with extended headers
-		// whatever NBD_CMD_FLAG_PAYLOAD_LEN announces.
+		// The bytes that follow the header (proto.md "Request message"): a WRITE's data;
+		// with extended headers, what NBD_CMD_FLAG_PAYLOAD_LEN announces, and nothing
+		// without the flag, for a WRITE too (which check then refuses: the flag is
+		// required), since only the flag says that a payload follows.
 		var payload uint64
-		if r.typ == nbdproto.CmdWrite || (c.extended && r.flags&nbdproto.CmdFlagPayloadLen != 0) {
+		switch {
+		case c.extended:
+			if r.flags&nbdproto.CmdFlagPayloadLen != 0 {
+				payload = r.length
+			}
+		case r.typ == nbdproto.CmdWrite:
 			payload = r.length
+		}
+		if c.extended && payload > uint64(c.exp.max) {
+			// proto.md: a server SHOULD initiate a hard disconnect if a client sets
+			// NBD_CMD_FLAG_PAYLOAD_LEN with a length above its maximum payload.
+			return fmt.Sprintf("protocol error: %s with a %d-byte payload exceeds the maximum block size %d", cmdName(r.typ), payload, c.exp.max), slog.LevelWarn, false
 		}
 		if payload > maxSkip {
 			// proto.md lets the server treat such a length as a denial of service and
@@ -296,10 +310,10 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 		case nbdproto.CmdBlockStatus:
 			held = maxStatusReply // the reply it may build
 		}
-		acquired, fromReserve := false, false
+		acquired, fromReserve, streamed := false, false, false
 		if !c.stopping.Load() {
 			if ok, _ := c.local.acquire(held, nil, c.done); ok {
-				if acquired, fromReserve = c.s.global.acquire(held, c.res, c.done); !acquired {
+				if acquired, fromReserve, streamed = c.claim(held); !acquired {
 					c.local.release(held, nil, false)
 				}
 			}
@@ -322,8 +336,20 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 		}
 		req := requestPool.Get().(*request)
 		*req = r
-		req.held = held
+		req.held, req.local = held, held
 		req.fromReserve = fromReserve
+		if streamed {
+			req.held, req.streamed = streamPiece, true
+			if r.typ == nbdproto.CmdWrite {
+				if reason, level, ok := c.streamWrite(br, req); !ok {
+					return reason, level, false
+				}
+				continue
+			}
+			req.arrived = time.Since(c.start)
+			c.dispatch(req) // streamRead, in a worker
+			continue
+		}
 		if held > 0 && r.typ != nbdproto.CmdBlockStatus {
 			req.buf = getBuf(int(held))
 		}
@@ -352,17 +378,49 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 // ended is a reason for readLoop's end, as readLoop returns it.
 func ended(reason string, level slog.Level) (string, slog.Level, bool) { return reason, level, false }
 
-// readPayload reads a WRITE's data, within the transfer deadline: the budget it holds
-// meanwhile must come back even if the client stops sending.
+// claim takes a request's share of the server's budget (s.global) for n bytes: up to a
+// reserve's worth from the connection's reserve or the shared pool, waiting for either;
+// more from the shared pool if it has room now, and otherwise one streamPiece of the
+// reserve, with which the request is served in pieces (streamed). A large request never
+// waits for the shared pool, so whatever other clients hold there, stalled or not, delays
+// it by nothing but the pieces. It reports false if the connection is stopping.
+func (c *conn) claim(n int64) (ok, fromReserve, streamed bool) {
+	if n > reserveBytes {
+		if c.s.global.tryAcquire(n) {
+			return true, false, false
+		}
+		n, streamed = streamPiece, true
+	}
+	ok, fromReserve = c.s.global.acquire(n, c.res, c.done)
+	return ok, fromReserve, ok && streamed
+}
+
+// paceStep is the part of a payload whose arrival readPayload checks at a time.
+const paceStep = 1 << 20
+
+// readPayload reads a WRITE's data at the pace paceDeadline sets: its first bytes within
+// IOTimeout, then at least the minimum transfer rate on average from the start, checked
+// every paceStep. A client that stops part-way is dropped IOTimeout, plus what it sent
+// and one step at the minimum rate, after the payload's start, not IOTimeout plus the
+// whole payload's allowance: the budget it holds comes back sooner, and a client that
+// keeps sending, however slowly the machine lets it, has the same allowance as before.
 func (c *conn) readPayload(br *bufio.Reader, p []byte) error {
 	if br.Buffered() >= len(p) {
 		_, err := io.ReadFull(br, p)
 		return err
 	}
-	c.setReadDeadline(c.s.transferDeadline(int64(len(p))))
-	_, err := io.ReadFull(br, p)
-	c.setReadDeadline(time.Time{})
-	return err
+	start := time.Now()
+	defer c.setReadDeadline(time.Time{})
+	for got := 0; got < len(p); {
+		step := min(len(p)-got, paceStep)
+		c.setReadDeadline(c.s.paceDeadline(start, int64(got+step)))
+		n, err := io.ReadFull(br, p[got:got+step])
+		got += n
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *conn) skipPayload(br *bufio.Reader, n int64) error {
@@ -412,7 +470,10 @@ func (c *conn) check(r *request) (uint32, string) {
 	case nbdproto.CmdWrite:
 		write = true
 		if c.extended {
-			// The length of a WRITE is its payload's anyway.
+			if r.flags&nbdproto.CmdFlagPayloadLen == 0 {
+				// proto.md: with extended headers NBD_CMD_WRITE MUST use the flag.
+				return nbdproto.EInval, "NBD_CMD_WRITE with extended headers must set NBD_CMD_FLAG_PAYLOAD_LEN"
+			}
 			allowed |= nbdproto.CmdFlagPayloadLen
 		}
 	case nbdproto.CmdTrim:
@@ -523,6 +584,6 @@ func (c *conn) release(req *request) {
 		req.buf = nil
 	}
 	c.s.global.release(req.held, c.res, req.fromReserve)
-	c.local.release(req.held, nil, false)
+	c.local.release(req.local, nil, false)
 	requestPool.Put(req)
 }

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -68,14 +69,14 @@ func stalledWriters(t *testing.T, path string, n int) []*rawClient {
 	return cs
 }
 
-// unreadReaders opens n connections that each pipeline three 32 MiB READs and never read
-// the replies.
-func unreadReaders(t *testing.T, path string, n int) []*rawClient {
+// unreadReaders opens n connections that each pipeline three READs of size bytes and
+// never read the replies.
+func unreadReaders(t *testing.T, path string, n int, size uint32) []*rawClient {
 	var cs []*rawClient
 	for i := range n {
 		rc, _ := mustConnect(t, path, i%2 == 0)
 		for h := range uint64(3) {
-			if err := rc.send(nbdproto.CmdRead, 0, h, 0, 32<<20, nil); err != nil {
+			if err := rc.send(nbdproto.CmdRead, 0, h, 0, size, nil); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -109,7 +110,7 @@ func TestUnreadRepliesDoNotStallOthers(t *testing.T) {
 	t.Parallel()
 	srv := oneExportServer(newMem(64<<20), nil)
 	path := serveUnix(t, srv)
-	unreadReaders(t, path, 4)
+	unreadReaders(t, path, 4, 32<<20)
 	waitFor(t, "the unread replies hold the whole shared pool", func() bool {
 		_, b, _ := sharedPool(srv)
 		return b == 0
@@ -122,26 +123,32 @@ func TestUnreadRepliesDoNotStallOthers(t *testing.T) {
 
 // TestIODeadlines: a client that stops sending an announced payload, or stops reading its
 // replies, is disconnected after the I/O timeout, and the budget it held comes back, so
-// even a request too large for a reserve gets through.
+// that a request too large for a reserve is served whole again rather than in pieces.
+// The attackers send 64 KiB of a 32 MiB payload, or leave three 4 MiB replies unread (more
+// than a unix socket's buffer can take), so that with the default minimum rate they are
+// dropped within the 2 s IOTimeout and a few seconds more, while the honest 8 MiB write
+// after them is allowed 2 s plus 8 s at that rate, paced per MiB: the test does not
+// depend on how fast a loaded machine moves 8 MiB (before the pacing, it needed a minimum
+// rate so high that the honest write had to be done in 2 s).
 func TestIODeadlines(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name   string
-		attack func(*testing.T, string, int) []*rawClient
+		attack func(*testing.T, string) []*rawClient
 	}{
-		{"stalled payload", stalledWriters},
-		{"unread replies", unreadReaders},
+		{"stalled payload", func(t *testing.T, path string) []*rawClient { return stalledWriters(t, path, 4) }},
+		{"unread replies", func(t *testing.T, path string) []*rawClient { return unreadReaders(t, path, 4, 4<<20) }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			srv := oneExportServer(newMem(64<<20), nil)
+			mem := newMem(64 << 20)
+			srv := oneExportServer(mem, nil)
 			// Long enough for an attacker to connect on a loaded machine, short enough
 			// to wait for.
 			srv.IOTimeout = 2 * time.Second
-			srv.minRate = 1 << 40 // the size allowance is negligible
 			path := serveUnix(t, srv)
-			attackers := tc.attack(t, path, 4)
+			attackers := tc.attack(t, path)
 			waitFor(t, "the server has dropped every attacker", func() bool {
 				srv.mu.Lock()
 				defer srv.mu.Unlock()
@@ -160,12 +167,101 @@ func TestIODeadlines(t *testing.T) {
 				s, b, q := sharedPool(srv)
 				return s == srv.maxInFlight() && b == srv.maxBytes() && q == 0
 			})
-			// A request that needs the shared pool is served.
+			// A request that needs the shared pool is served whole from it.
 			rc, _ := mustConnect(t, path, true)
 			data := pattern(8<<20, 7)
 			if r := rc.roundTrip(t, nbdproto.CmdWrite, 0, 0, 8<<20, data); r.err != 0 {
 				t.Fatalf("8 MiB write after the attack: %+v", r.err)
 			}
+			ops := mem.opsCopy()
+			if o := ops[len(ops)-1]; o.name != "write" || o.n != 8<<20 {
+				t.Fatalf("the 8 MiB write reached the backend as %+v, not whole", o)
+			}
 		})
+	}
+}
+
+// TestStallersDoNotDelayLargeRequests (issue 42 item 1): clients that send a WRITE header
+// and part of its payload, then stall, and connect again whenever the server drops them,
+// fill the shared pool with requests of 1, 2, 4, 32 or 64 MiB; a well-behaved client's
+// 64 MiB WRITE and READ (the advertised maximum) and 4 MiB READ are still served within
+// a few seconds each. "held": the server never drops the stallers (an IOTimeout of an
+// hour), so only the way large requests are served, not any deadline, can let the client
+// through; "reconnecting": they are dropped about two seconds after they stall and come
+// back at once, while the client goes on for four seconds. The server's pool is its
+// smallest (MaxRequest), so that a few stallers fill it.
+func TestStallersDoNotDelayLargeRequests(t *testing.T) {
+	t.Parallel()
+	// Far below the hour the held stallers hold the pool, and below the 30 s and more
+	// that a request waiting for their deadlines took.
+	const bound = 10 * time.Second
+	for _, mode := range []struct {
+		name      string
+		ioTimeout time.Duration
+		attack    time.Duration // how long the client goes on
+	}{{"held", time.Hour, 0}, {"reconnecting", time.Second, 4 * time.Second}} {
+		for _, size := range []uint32{1 << 20, 2 << 20, 4 << 20, 32 << 20, 64 << 20} {
+			t.Run(fmt.Sprintf("%s/%dMiB", mode.name, size>>20), func(t *testing.T) {
+				mem := newMem(MaxRequest + 8<<20)
+				srv := oneExportServer(mem, nil)
+				srv.MaxBytes = MaxRequest
+				srv.IOTimeout = mode.ioTimeout
+				path := serveUnix(t, srv)
+				// The good client is in transmission before the attack starts.
+				rc, _ := mustConnect(t, path, true)
+				rc.c.SetDeadline(time.Now().Add(2 * time.Minute))
+
+				n := int(srv.maxBytes()/int64(size)) + 2
+				if size <= reserveBytes {
+					n = 8 // they fit their reserves and never touch the pool
+				}
+				stop, stalls := stallingWriters(t, path, n, size)
+				defer stop()
+				if size > reserveBytes {
+					waitFor(t, "the stallers hold the shared pool", func() bool {
+						_, b, _ := sharedPool(srv)
+						return b < 4<<20
+					})
+				} else {
+					waitFor(t, "the stallers are connected", func() bool { return inTransmission(srv) > n/2 })
+				}
+
+				start := time.Now()
+				data := pattern(MaxRequest, byte(size>>20))
+				for round := 0; round == 0 || time.Since(start) < mode.attack; round++ {
+					for _, op := range []struct {
+						name    string
+						typ     uint16
+						off     uint64
+						n       uint32
+						payload []byte
+						want    []byte
+					}{
+						{"64 MiB write", nbdproto.CmdWrite, 4 << 20, MaxRequest, data, nil},
+						{"64 MiB read", nbdproto.CmdRead, 4 << 20, MaxRequest, nil, data},
+						{"4 MiB read", nbdproto.CmdRead, 8 << 20, 4 << 20, nil, data[4<<20 : 8<<20]},
+					} {
+						opStart := time.Now()
+						r := rc.roundTrip(t, op.typ, 0, op.off, op.n, op.payload)
+						took := time.Since(opStart)
+						if r.err != 0 {
+							t.Fatalf("%s: error %d %s", op.name, r.err, r.msg)
+						}
+						if op.want != nil {
+							mustEqual(t, op.name, r.data, op.want)
+						}
+						if round == 0 {
+							t.Logf("%s in %v", op.name, took.Round(time.Millisecond))
+						}
+						if took > bound {
+							t.Errorf("%s took %v with stallers of %d MiB, more than %v", op.name, took.Round(time.Millisecond), size>>20, bound)
+						}
+					}
+				}
+				if got := stalls.Load(); mode.attack > 0 && got <= int64(n) {
+					t.Errorf("%d stalled WRITEs from %d stallers: they were not dropped and back during the test", got, n)
+				}
+			})
+		}
 	}
 }

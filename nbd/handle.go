@@ -14,6 +14,12 @@ var zeroes [256 << 10]byte
 
 // handle runs one checked request against the backend and answers it.
 func (c *conn) handle(req *request) {
+	if req.streamed {
+		c.streamRead(req) // streamWrite runs in the reader
+		c.answered(req)
+		c.release(req)
+		return
+	}
 	b := c.exp.Backend
 	off := int64(req.off)
 	n := int64(req.length)
@@ -66,12 +72,7 @@ func (c *conn) handle(req *request) {
 	}
 	if err != nil {
 		c.failed.Add(1)
-		errOff := int64(-1)
-		var oe *OffsetError
-		if errors.As(err, &oe) && oe.Offset >= off && oe.Offset < off+n {
-			errOff = oe.Offset
-		}
-		c.replyError(req, nbdError(err), err.Error(), errOff)
+		c.replyError(req, nbdError(err), err.Error(), errorOffset(err, off, n))
 	} else if req.typ != nbdproto.CmdRead && req.typ != nbdproto.CmdBlockStatus {
 		c.replyOK(req)
 	}
@@ -96,8 +97,13 @@ func backendFlags(f uint16) Flags {
 // writeZeroes asks the backend to zero the range. A backend that cannot (ENOTSUP) gets
 // zeroes written through WriteAt instead, since without NBD_CMD_FLAG_FAST_ZERO the server
 // MUST NOT fail with ENOTSUP (proto.md "NBD_CMD_WRITE_ZEROES"); with the flag, ENOTSUP is
-// the fast answer the client asked for.
+// the fast answer the client asked for. It is also the answer, without asking the backend,
+// for a range not aligned to the preferred block size: proto.md defines that size as the
+// one below which I/O needs read-modify-write, which is no faster than writing zeroes.
 func (c *conn) writeZeroes(off, n int64, flags uint16) error {
+	if p := int64(c.exp.prefBlock); flags&nbdproto.CmdFlagFastZero != 0 && (off%p != 0 || n%p != 0) {
+		return fmt.Errorf("zeroing %d bytes at offset %d, not aligned to the preferred block size %d, needs a read-modify-write: %w", n, off, p, syscall.ENOTSUP)
+	}
 	b := c.exp.Backend
 	err := b.WriteZeroes(off, n, backendFlags(flags))
 	if err == nil || flags&nbdproto.CmdFlagFastZero != 0 || !errors.Is(err, syscall.ENOTSUP) {

@@ -289,6 +289,14 @@ func (rc *rawClient) readReply() (reply, error) {
 	case nbdproto.MagicStructuredReply:
 		r := reply{errOff: -1}
 		for {
+			if r.chunks > 0 {
+				if _, err := io.ReadFull(rc.c, m[:]); err != nil {
+					return r, err
+				}
+				if got := binary.BigEndian.Uint32(m[:]); got != nbdproto.MagicStructuredReply {
+					return r, fmt.Errorf("chunk %d: bad magic %#x", r.chunks, got)
+				}
+			}
 			var h [16]byte
 			if _, err := io.ReadFull(rc.c, h[:]); err != nil {
 				return r, err

@@ -10,10 +10,14 @@ import "sync"
 // The server-wide limiter also keeps a small reserve for each connection (see reserve):
 // a request that fits in its connection's reserve never waits for the shared pool, so
 // connections that fill the shared pool (by sending a WRITE header and no payload, or by
-// not reading their replies) cannot stall the small requests of everyone else. The shared
-// pool is granted in FIFO order, and since a connection reads one request at a time it has
-// at most one waiter in the queue: admission is round robin over connections, and a
-// 64 MiB request is not starved by a stream of small ones.
+// not reading their replies) cannot stall the small requests of everyone else. A request
+// larger than a reserve never waits for the shared pool either: it takes it if it has
+// room now (tryAcquire), and is otherwise served in pieces under its connection's reserve
+// (stream.go). So the only waiters in the queue are requests of up to a reserve, each of
+// which its own reserve can hold once its own connection's earlier requests are done:
+// what others hold delays no one's request, whatever its size. The shared pool is granted
+// in FIFO order, and since a connection reads one request at a time it has at most one
+// waiter in the queue.
 type limiter struct {
 	mu    sync.Mutex
 	total int // slots, free or not
@@ -102,6 +106,19 @@ func (l *limiter) acquire(n int64, res *reserve, done <-chan struct{}) (ok, from
 		}
 		return false, false
 	}
+}
+
+// tryAcquire takes one slot and n bytes from the shared pool if they are free now and no
+// one waits for them, and reports whether it did.
+func (l *limiter) tryAcquire(n int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.queue) == 0 && l.slots > 0 && l.bytes >= n {
+		l.slots--
+		l.bytes -= n
+		return true
+	}
+	return false
 }
 
 func (l *limiter) release(n int64, res *reserve, fromReserve bool) {

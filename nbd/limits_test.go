@@ -313,3 +313,45 @@ func TestEvictionPrefersBusiestSource(t *testing.T) {
 		t.Fatalf("read: %+v", r)
 	}
 }
+
+// TestSourceAtItsBoundEvictsItsHandshakes (issue 42 item 2): 16 idle TCP connections from
+// 127.0.0.1, as many as MaxConnsPerSource allows, do not lock out a normal client from the
+// same address: it evicts the oldest of them and is served. Only connections of the
+// address that are in transmission are never evicted.
+func TestSourceAtItsBoundEvictsItsHandshakes(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := oneExportServer(newMem(1<<20), nil)
+	srv.AllowInsecureTCP = true
+	srv.Logger = testLogger(t)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		<-served
+	})
+	idle := idleTCP(t, l.Addr().String(), DefaultMaxConnsPerSource)
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	t.Cleanup(func() { c.Close() })
+	rc := &rawClient{c: c, readLens: map[uint64]uint32{}}
+	if _, err := rc.connect("", true); err != nil {
+		t.Fatalf("a client from an address with %d idle connections: %v", len(idle), err)
+	}
+	if r := rc.roundTrip(t, nbdproto.CmdRead, 0, 0, 4096, nil); r.err != 0 {
+		t.Fatalf("read: %+v", r)
+	}
+	// The oldest idle connection made room.
+	idle[0].SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadAll(idle[0]); err != nil && !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("the oldest idle connection: %v, want it closed", err)
+	}
+}

@@ -85,21 +85,7 @@ func (o *replyWriter) send(hdr, data []byte, mayWait bool) error {
 	}
 	o.pending = append(o.pending, hdr...)
 	if len(data) > inlineData {
-		o.vec[0], o.vec[1] = o.pending, data
-		o.setDeadline(len(o.pending) + len(data))
-		var err error
-		if vw, ok := o.w.(buffersWriter); ok {
-			_, err = vw.WriteBuffers(o.vec[:])
-		} else {
-			bufs := net.Buffers(o.vec[:])
-			_, err = bufs.WriteTo(o.w)
-		}
-		o.vec[0], o.vec[1] = nil, nil
-		o.pending = o.pending[:0]
-		o.gathered = 0
-		o.writes++
-		o.err = err
-		return err
+		return o.writeWith(data)
 	}
 	o.pending = append(o.pending, data...)
 	if mayWait && o.busy.Load() > 0 && o.gathered < maxGathered && len(o.pending) < flushAt {
@@ -114,6 +100,42 @@ func (o *replyWriter) send(hdr, data []byte, mayWait bool) error {
 		o.writePending()
 	}
 	return o.err
+}
+
+// writeWith writes the gathered replies and data after them in one system call; o.mu is
+// held.
+func (o *replyWriter) writeWith(data []byte) error {
+	o.vec[0], o.vec[1] = o.pending, data
+	o.setDeadline(len(o.pending) + len(data))
+	var err error
+	if vw, ok := o.w.(buffersWriter); ok {
+		_, err = vw.WriteBuffers(o.vec[:])
+	} else {
+		bufs := net.Buffers(o.vec[:])
+		_, err = bufs.WriteTo(o.w)
+	}
+	o.vec[0], o.vec[1] = nil, nil
+	o.pending = o.pending[:0]
+	o.gathered = 0
+	o.writes++
+	o.err = err
+	return err
+}
+
+// stream writes one reply whose data comes in parts (a streamed read: stream.go), holding
+// the writer throughout so that no other reply lands inside it: hdr after the replies
+// gathered so far, then each part fill passes to write. It returns the first error of
+// write or of fill; the caller decides whether the reply can still be completed.
+func (o *replyWriter) stream(hdr []byte, fill func(write func(p []byte) error) error) error {
+	o.waiting.Add(1)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.waiting.Add(-1)
+	if o.err != nil {
+		return o.err
+	}
+	o.pending = append(o.pending, hdr...)
+	return fill(o.writeWith)
 }
 
 // writePending writes the gathered replies; o.mu is held.

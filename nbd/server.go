@@ -77,7 +77,9 @@ type Server struct {
 	// handshake of the source address that has the most of them, so idle sockets cannot
 	// lock clients out; when all connections are in transmission and MaxConns is reached,
 	// new ones are refused. MaxConnsPerSource bounds the connections from one IP address
-	// (TCP only: a unix socket's peers are local and already bound by its 0600 mode).
+	// (TCP only: a unix socket's peers are local and already bound by its 0600 mode); at
+	// the bound, a new connection from that address evicts the address's oldest
+	// handshake, and is refused only when all of them are in transmission.
 	MaxConns           int
 	MaxHandshakes      int
 	MaxConnsPerSource  int
@@ -113,8 +115,7 @@ type Server struct {
 	shutdown  bool
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
-	sources   map[string]int // open connections per source address (TCP)
-	evicting  int            // evicted connections not yet gone
+	evicting  int // evicted connections not yet gone
 	active    sync.WaitGroup
 }
 
@@ -129,7 +130,6 @@ func (s *Server) init() error {
 		s.global = newLimiter(s.maxInFlight(), s.maxBytes())
 		s.listeners = make(map[net.Listener]struct{})
 		s.conns = make(map[*conn]struct{})
-		s.sources = make(map[string]int)
 	})
 	return s.initErr
 }
@@ -159,9 +159,13 @@ func (s *Server) handshakeTimeout() time.Duration {
 }
 
 // transferDeadline is when a transfer of n bytes starting now must be done.
-func (s *Server) transferDeadline(n int64) time.Time {
+func (s *Server) transferDeadline(n int64) time.Time { return s.paceDeadline(time.Now(), n) }
+
+// paceDeadline is when a transfer that began at start must have moved n bytes: IOTimeout
+// for its beginning, then the minimum transfer rate.
+func (s *Server) paceDeadline(start time.Time, n int64) time.Time {
 	rate := orDefault(s.minRate, minTransferRate)
-	return time.Now().Add(orDefault(s.IOTimeout, DefaultIOTimeout) + time.Duration(n)*time.Second/time.Duration(rate))
+	return start.Add(orDefault(s.IOTimeout, DefaultIOTimeout) + time.Duration(n)*time.Second/time.Duration(rate))
 }
 
 // Serve accepts connections on l and serves them until Shutdown (then it returns
@@ -227,8 +231,26 @@ func (s *Server) Serve(l net.Listener) error {
 // admitLocked decides whether c may be served, making room if need be, and registers it;
 // it returns why not otherwise.
 func (s *Server) admitLocked(c *conn) string {
-	if c.source != "" && s.sources[c.source] >= s.maxConnsPerSource() {
-		return fmt.Sprintf("%d connections from %s already (MaxConnsPerSource)", s.sources[c.source], c.source)
+	if c.source != "" {
+		live, oldest := 0, (*conn)(nil)
+		for o := range s.conns {
+			if o.source != c.source || o.evicted {
+				continue
+			}
+			live++
+			if !o.inTransmission && (oldest == nil || o.start.Before(oldest.start)) {
+				oldest = o
+			}
+		}
+		if live >= s.maxConnsPerSource() {
+			// Hosts behind one NAT, or clients on one machine, share an address: its
+			// idle handshakes give way to a newcomer, as the server's do (below), so
+			// that they cannot lock out a neighbour who completes its handshake.
+			if oldest == nil {
+				return fmt.Sprintf("%d connections from %s in transmission already (MaxConnsPerSource)", live, c.source)
+			}
+			s.evictLocked(oldest, "max_conns_per_source", s.maxConnsPerSource())
+		}
 	}
 	handshakes := 0
 	for o := range s.conns {
@@ -238,21 +260,24 @@ func (s *Server) admitLocked(c *conn) string {
 	}
 	live := len(s.conns) - s.evicting
 	if handshakes >= s.maxHandshakes() || live >= s.maxConns() {
-		if v := s.evictionVictimLocked(); v != nil {
-			v.evicted = true
-			s.evicting++
-			v.log.Warn("nbd: handshake evicted to admit a new connection", "max_handshakes", s.maxHandshakes(), "max_conns", s.maxConns())
-			v.nc.Close()
-		} else {
+		v := s.evictionVictimLocked()
+		if v == nil {
 			return fmt.Sprintf("%d connections in transmission (MaxConns)", live)
 		}
+		s.evictLocked(v, "max_handshakes", s.maxHandshakes())
 	}
 	s.conns[c] = struct{}{}
-	if c.source != "" {
-		s.sources[c.source]++
-	}
 	s.active.Add(1)
 	return ""
+}
+
+// evictLocked closes a connection in the handshake to admit a new one; bound names the
+// limit that made it necessary, for the log.
+func (s *Server) evictLocked(v *conn, bound string, limit int) {
+	v.evicted = true
+	s.evicting++
+	v.log.Warn("nbd: handshake evicted to admit a new connection", bound, limit)
+	v.nc.Close()
 }
 
 // evictionVictimLocked picks the connection in the handshake to drop for a new one: the
@@ -311,11 +336,6 @@ func (s *Server) forget(c *conn) {
 	delete(s.conns, c)
 	if c.evicted {
 		s.evicting--
-	}
-	if c.source != "" {
-		if s.sources[c.source]--; s.sources[c.source] <= 0 {
-			delete(s.sources, c.source)
-		}
 	}
 	s.mu.Unlock()
 	s.active.Done()
