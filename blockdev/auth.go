@@ -135,11 +135,17 @@ func (a *authEngine) write(p []byte, off int64, flags Flags, kept *slab) error {
 	return nil
 }
 
-// writeZeroes gives whole sectors a zero record (punched unless NoHole) and zeroes
-// partial ones at the edges by read-modify-write.
+// writeZeroes gives whole sectors a punched zero record, and zeroes partial ones at the
+// edges by read-modify-write. With NoHole, whole sectors are written as sealed zeroes
+// instead: a zero record is a hole (Extents reports it so), and where the provider never
+// held the sector's data it has no room for it either, which NoHole asks for. Neither
+// that nor a read-modify-write is faster than a write, so FastZero fails for them.
 func (a *authEngine) writeZeroes(off, length int64, flags Flags) error {
-	var last uint64
 	s := int64(a.s)
+	if flags&FastZero != 0 && (flags&NoHole != 0 || off%s != 0 || length%s != 0) {
+		return ErrSlowZero
+	}
+	var last uint64
 	if o := off % s; o != 0 && length > 0 {
 		n := min(length, s-o)
 		seq, err := a.writePartial(uint64(off/s), int(o), zeroes(int(n)))
@@ -148,8 +154,18 @@ func (a *authEngine) writeZeroes(off, length int64, flags Flags) error {
 		}
 		last, off, length = max(last, seq), off+n, length-n
 	}
-	if whole := length / s; whole > 0 {
-		seq, err := a.zeroWhole(uint64(off/s), uint64(whole), flags&NoHole == 0)
+	if whole := length / s; whole > 0 && flags&NoHole != 0 {
+		k := max(s, int64(len(zeroBuf))/s*s)
+		for end := off + whole*s; off < end; {
+			n := min(k, end-off)
+			seq, err := a.writeWhole(zeroes(int(n)), uint64(off/s), int(n/s))
+			if err != nil {
+				return err
+			}
+			last, off, length = max(last, seq), off+n, length-n
+		}
+	} else if whole > 0 {
+		seq, err := a.zeroWhole(uint64(off/s), uint64(whole))
 		if err != nil {
 			return err
 		}
@@ -169,7 +185,7 @@ func (a *authEngine) writeZeroes(off, length int64, flags Flags) error {
 }
 
 func (a *authEngine) trim(first, n uint64, flags Flags) error {
-	seq, err := a.zeroWhole(first, n, true)
+	seq, err := a.zeroWhole(first, n)
 	if err != nil {
 		return err
 	}

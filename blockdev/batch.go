@@ -230,14 +230,14 @@ func (b *batcher) insert(first uint64, n int, sl *slab, base int, recs []record,
 	return b.addedLocked(p, cost)
 }
 
-// insertZeroes gives sectors [first, first+n) zero entries in the pending batch (punch:
-// their data may be punched out), as reserved for cost.
-func (b *batcher) insertZeroes(first, n uint64, punch bool, cost int64) uint64 {
+// insertZeroes gives sectors [first, first+n) zero entries in the pending batch, whose
+// data may be punched out, as reserved for cost.
+func (b *batcher) insertZeroes(first, n uint64, cost int64) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	p := b.pending
 	for x := range n {
-		b.replaceLocked(p, first+x, entry{punch: punch})
+		b.replaceLocked(p, first+x, entry{punch: true})
 	}
 	return b.addedLocked(p, cost)
 }

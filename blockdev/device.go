@@ -22,7 +22,7 @@ type Flags uint16
 const (
 	// FUA: the write is durable when the call returns.
 	FUA Flags = 1 << iota
-	// NoHole: WriteZeroes must not punch the data out.
+	// NoHole: WriteZeroes must leave the range allocated, not a hole.
 	NoHole
 	// FastZero: WriteZeroes fails with an error wrapping ENOTSUP unless zeroing is cheap.
 	FastZero
@@ -457,9 +457,10 @@ func (d *Device) write(p []byte, off int64, flags Flags, done func()) error {
 }
 
 // WriteZeroes makes [off, off+length) read as zeroes. In authenticated modes whole sectors
-// get a zero record (and their data is punched out unless NoHole), which is fast; partial
-// sectors at the edges are zeroed by read-modify-write. Length-preserving modes write
-// encrypted zeroes, so FastZero fails there with an error wrapping ENOTSUP.
+// get a zero record with their data punched out, which is fast, or with NoHole are written
+// as sealed zeroes, which is not; partial sectors at the edges are zeroed by
+// read-modify-write. Length-preserving modes write encrypted zeroes. Where zeroing is no
+// faster than writing, FastZero fails with an error wrapping ENOTSUP (ErrSlowZero).
 func (d *Device) WriteZeroes(off, length int64, flags Flags) error {
 	if err := d.enter(true); err != nil {
 		return err

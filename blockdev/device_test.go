@@ -215,6 +215,35 @@ func TestWriteZeroesFastZero(t *testing.T) {
 		if !want && !errors.Is(err, syscall.ENOTSUP) {
 			t.Errorf("%s: fast zero gave %v, want ENOTSUP", tc.name, err)
 		}
+		// What needs a read-modify-write (part of a sector), or sealed zeroes (NoHole in
+		// an authenticated mode), is no faster than writing: ENOTSUP, and nothing
+		// changes.
+		s := int64(tc.sectorSize)
+		slow := []struct {
+			off, n int64
+			flags  Flags
+		}{{s / 2, s, FastZero}, {0, s + s/2, FastZero}}
+		if tc.mode.Authenticated() {
+			slow = append(slow, struct {
+				off, n int64
+				flags  Flags
+			}{0, 4 * s, FastZero | NoHole})
+		}
+		for _, z := range slow {
+			if err := d.WriteAt(bytes.Repeat([]byte{7}, int(4*s)), 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.WriteZeroes(z.off, z.n, z.flags); !errors.Is(err, syscall.ENOTSUP) {
+				t.Errorf("%s: fast zero of %d bytes at %d (flags %#x) gave %v, want ENOTSUP", tc.name, z.n, z.off, z.flags, err)
+			}
+			got := make([]byte, 4*s)
+			if err := d.ReadAt(got, 0); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, bytes.Repeat([]byte{7}, int(4*s))) {
+				t.Errorf("%s: a refused fast zero changed the data", tc.name)
+			}
+		}
 		d.Close()
 	}
 }

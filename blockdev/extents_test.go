@@ -107,14 +107,15 @@ func TestExtents(t *testing.T) {
 					for i := wFirst; i < wEnd; i++ {
 						m[i] = true
 					}
-				case 2, 3: // zeroes: whole sectors get a zero record, the edges are written
-					flags := Flags(0)
-					if op == 3 {
-						flags = NoHole
-					}
-					err = d.WriteZeroes(off, length, flags)
+				case 2: // zeroes: whole sectors get a zero record, the edges are written
+					err = d.WriteZeroes(off, length, 0)
 					for i := first; i < end; i++ {
 						m[i] = i >= wFirst && i < wEnd
+					}
+				case 3: // zeroes that must not leave a hole: every sector is written
+					err = d.WriteZeroes(off, length, NoHole)
+					for i := first; i < end; i++ {
+						m[i] = false
 					}
 				}
 				if err != nil {

@@ -141,14 +141,14 @@ func (e *plainEngine) trim(first, n uint64, flags Flags) error {
 }
 
 // writeZeroes writes encrypted zeroes. Only mode none, whose zero plaintext is zero
-// ciphertext, can punch instead.
+// ciphertext, can punch instead, and only whole sectors.
 func (e *plainEngine) writeZeroes(off, length int64, flags Flags) error {
 	pu := e.puncher
+	s := int64(e.s)
 	canPunch := pu != nil && e.keys.codec.Mode() == sector.ModeNone && flags&NoHole == 0
-	if flags&FastZero != 0 && !canPunch {
+	if flags&FastZero != 0 && (!canPunch || off%s != 0 || length%s != 0) {
 		return ErrSlowZero
 	}
-	s := int64(e.s)
 	bp := e.getBuf()
 	defer e.putBuf(bp)
 	for length > 0 {

@@ -95,7 +95,7 @@ func (a *authEngine) writePartial(i uint64, o int, part []byte) (uint64, error) 
 }
 
 // zeroWhole gives sectors [first, first+n) a zero record, in pieces that fit a batch.
-func (a *authEngine) zeroWhole(first, n uint64, punch bool) (uint64, error) {
+func (a *authEngine) zeroWhole(first, n uint64) (uint64, error) {
 	// Pieces of half the smallest batch bound: each one finds room whenever the pending
 	// batch is at most half full, however small the bound has adapted to be.
 	piece := uint64(max(1, a.batches.batchFloor/zeroEntryCost/2))
@@ -107,7 +107,7 @@ func (a *authEngine) zeroWhole(first, n uint64, punch bool) (uint64, error) {
 			return 0, err
 		}
 		a.locks.lock(first, k)
-		seq = a.batches.insertZeroes(first, k, punch, cost)
+		seq = a.batches.insertZeroes(first, k, cost)
 		a.locks.unlock(first, k)
 		first, n = first+k, n-k
 	}
