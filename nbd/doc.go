@@ -22,12 +22,15 @@
 // the server refuses, more ends the connection); export names and messages are limited to
 // the protocol's 4096 bytes; READ and WRITE carry at most the export's maximum block size
 // (by default MaxRequest, 64 MiB), and a WRITE announcing more is refused after its
-// payload is skipped, up to 256 MiB (more ends the connection); offsets are checked for
-// overflow and against the export's size and block sizes before the backend sees them.
-// Requests in flight are bounded per connection and per server, in count and in payload
-// bytes (Server's Max* fields); each connection has a small reserve of its own so that
-// no client can stall the others, and payloads and replies have deadlines. Connections,
-// handshakes, connections per address and handshake time are bounded too.
+// payload is skipped, up to 256 MiB (more ends the connection; with extended headers, any
+// payload above the maximum ends it, as proto.md asks); offsets are checked for overflow
+// and against the export's size and block sizes before the backend sees them. Requests in
+// flight are bounded per connection and per server, in count and in payload bytes
+// (Server's Max* fields). Each connection has a small reserve of its own, and a request
+// larger than the reserve that finds the shared pool full is served in pieces under it
+// (stream.go), so that what other clients hold, stalled or not, delays no request; payloads
+// and replies have deadlines. Connections, handshakes, connections per address and
+// handshake time are bounded too.
 //
 // Use:
 //

@@ -69,6 +69,28 @@ func serveUnix(t testing.TB, s *Server) string {
 	return path
 }
 
+// serveTCP starts s, which must allow plain TCP, on a fresh loopback port and returns its
+// address; the server is shut down when the test ends.
+func serveTCP(t testing.TB, s *Server) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Logger == nil {
+		s.Logger = testLogger(t)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(l) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+		<-served
+	})
+	return l.Addr().String()
+}
+
 // rawClient speaks NBD byte by byte, for cases real clients never produce.
 type rawClient struct {
 	c          net.Conn

@@ -203,24 +203,12 @@ func TestHandshakeAdmission(t *testing.T) {
 // connections; the rest of the server stays open to others (here: after one leaves).
 func TestMaxConnsPerSource(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := oneExportServer(newMem(1<<20), nil)
 	srv.AllowInsecureTCP = true
 	srv.MaxConnsPerSource = 2
-	srv.Logger = testLogger(t)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-served
-	})
+	addr := serveTCP(t, srv)
 	dial := func() *rawClient {
-		c, err := net.Dial("tcp", l.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,25 +241,13 @@ func TestMaxConnsPerSource(t *testing.T) {
 // handshakes open, never the lone handshake of another address.
 func TestEvictionPrefersBusiestSource(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := oneExportServer(newMem(1<<20), nil)
 	srv.AllowInsecureTCP = true
 	srv.MaxHandshakes = 4
-	srv.Logger = testLogger(t)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-served
-	})
+	addr := serveTCP(t, srv)
 	dialFrom := func(ip string) *rawClient {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-		c, err := d.Dial("tcp", l.Addr().String())
+		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			t.Fatalf("cannot dial from %s: %v", ip, err)
 		}
@@ -320,23 +296,11 @@ func TestEvictionPrefersBusiestSource(t *testing.T) {
 // address that are in transmission are never evicted.
 func TestSourceAtItsBoundEvictsItsHandshakes(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := oneExportServer(newMem(1<<20), nil)
 	srv.AllowInsecureTCP = true
-	srv.Logger = testLogger(t)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-served
-	})
-	idle := idleTCP(t, l.Addr().String(), DefaultMaxConnsPerSource)
-	c, err := net.Dial("tcp", l.Addr().String())
+	addr := serveTCP(t, srv)
+	idle := idleTCP(t, addr, DefaultMaxConnsPerSource)
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,13 +75,21 @@ const (
 	gatherBound = 200 * time.Microsecond
 )
 
-func (o *replyWriter) send(hdr, data []byte, mayWait bool) error {
+// lock takes the writer, counted among those waiting for it meanwhile (send writes what
+// is gathered only when no one else waits), and returns the error that ended its writes,
+// if one did; o.mu is held either way.
+func (o *replyWriter) lock() error {
 	o.waiting.Add(1)
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	o.waiting.Add(-1)
-	if o.err != nil {
-		return o.err
+	return o.err
+}
+
+func (o *replyWriter) send(hdr, data []byte, mayWait bool) error {
+	err := o.lock()
+	defer o.mu.Unlock()
+	if err != nil {
+		return err
 	}
 	o.pending = append(o.pending, hdr...)
 	if len(data) > inlineData {
@@ -127,12 +135,10 @@ func (o *replyWriter) writeWith(data []byte) error {
 // gathered so far, then each part fill passes to write. It returns the first error of
 // write or of fill; the caller decides whether the reply can still be completed.
 func (o *replyWriter) stream(hdr []byte, fill func(write func(p []byte) error) error) error {
-	o.waiting.Add(1)
-	o.mu.Lock()
+	err := o.lock()
 	defer o.mu.Unlock()
-	o.waiting.Add(-1)
-	if o.err != nil {
-		return o.err
+	if err != nil {
+		return err
 	}
 	o.pending = append(o.pending, hdr...)
 	return fill(o.writeWith)

@@ -44,10 +44,11 @@ var ErrInsecureListener = errors.New("nbd: refusing to serve a network listener 
 // payload bytes; when a bound is reached the server stops reading from that client until
 // replies drain, so a client can cost at most those bounds in memory. No client can stall
 // the others with what it holds: each connection keeps a small reserve of the server's
-// budget for itself (8 requests, 1 MiB), the shared rest is granted round robin over
-// connections, and a client that does not send a payload it announced, or does not read
-// its replies, within IOTimeout plus the time the transfer needs at 1 MiB/s, is
-// disconnected and its budget returned.
+// budget for itself (8 requests, 1 MiB); a larger request takes the shared rest if it has
+// room, and is otherwise served in pieces under the reserve instead of waiting for it
+// (stream.go); and a client that does not send a payload it announced at the pace
+// IOTimeout and 1 MiB/s set, or does not read its replies, is disconnected and its budget
+// returned.
 type Server struct {
 	// Exports are the exports offered; names are unique, "" is the default export.
 	Exports []Export
@@ -90,10 +91,12 @@ type Server struct {
 	// HandshakeTimeout bounds the whole option haggling phase of a connection, TLS
 	// handshake included.
 	HandshakeTimeout time.Duration
-	// IOTimeout bounds, on top of the time its size needs at 1 MiB/s, how long a client
-	// may take to send the payload of a WRITE after its header, and to take in a reply
-	// (for a reply, the deadline is refreshed only when less than half of IOTimeout is
-	// left, so a reply gets between IOTimeout/2 and IOTimeout).
+	// IOTimeout bounds how long a client may take to send the payload of a WRITE and to
+	// take in a reply, on top of the time its size needs at 1 MiB/s. A payload is paced:
+	// its n-th MiB is due IOTimeout plus n seconds after it began, so a client that stops
+	// part-way is dropped when its next MiB falls due, not when the whole would. (For a
+	// reply, the deadline covers the whole write and is refreshed only when less than
+	// half of IOTimeout is left, so a reply gets between IOTimeout/2 and IOTimeout.)
 	IOTimeout time.Duration
 
 	// minRate overrides minTransferRate, and drainTime shutdownDrain, for tests.
