@@ -125,6 +125,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	c.out.w = c.rw
 	c.out.dl = nc
 	c.out.deadline = s.transferDeadline
+	c.out.pace = s.paceDeadline
 	c.out.slack = orDefault(s.IOTimeout, DefaultIOTimeout) / 2
 	c.out.boundAfter = orDefault(s.gatherBound, gatherBound)
 	c.out.abort = c.abort
@@ -354,7 +355,7 @@ func (c *conn) readLoop(br *bufio.Reader) (reason string, level slog.Level, hand
 			req.buf = getBuf(int(held))
 		}
 		if r.typ == nbdproto.CmdWrite && held > 0 {
-			if err := c.readPayload(br, *req.buf); err != nil {
+			if err := c.readPayload(br, *req.buf, time.Now(), 0); err != nil {
 				c.release(req)
 				return ended(c.payloadFailure(err, &r))
 			}
@@ -398,22 +399,22 @@ func (c *conn) claim(n int64) (ok, fromReserve, streamed bool) {
 // paceStep is the part of a payload whose arrival readPayload checks at a time.
 const paceStep = 1 << 20
 
-// readPayload reads a WRITE's data at the pace paceDeadline sets: its first bytes within
+// readPayload reads the part of a WRITE's payload that begins base bytes into it, for a
+// payload that began at start, at the pace paceDeadline sets: its first bytes within
 // IOTimeout, then at least the minimum transfer rate on average from the start, checked
-// every paceStep. A client that stops part-way is dropped IOTimeout, plus what it sent
-// and one step at the minimum rate, after the payload's start, not IOTimeout plus the
-// whole payload's allowance: the budget it holds comes back sooner, and a client that
-// keeps sending, however slowly the machine lets it, has the same allowance as before.
-func (c *conn) readPayload(br *bufio.Reader, p []byte) error {
+// every paceStep. A client that stops part-way is dropped when its next step falls due,
+// not when the whole payload would: the budget it holds comes back sooner, and a client
+// that keeps sending, however slowly the machine lets it, has the same allowance as if
+// the payload were checked once.
+func (c *conn) readPayload(br *bufio.Reader, p []byte, start time.Time, base int64) error {
 	if br.Buffered() >= len(p) {
 		_, err := io.ReadFull(br, p)
 		return err
 	}
-	start := time.Now()
 	defer c.setReadDeadline(time.Time{})
 	for got := 0; got < len(p); {
 		step := min(len(p)-got, paceStep)
-		c.setReadDeadline(c.s.paceDeadline(start, int64(got+step)))
+		c.setReadDeadline(c.s.paceDeadline(start, base+int64(got+step)))
 		n, err := io.ReadFull(br, p[got:got+step])
 		got += n
 		if err != nil {

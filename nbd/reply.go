@@ -37,6 +37,7 @@ type replyWriter struct {
 	w        io.Writer
 	dl       interface{ SetWriteDeadline(time.Time) error }
 	deadline func(n int64) time.Time
+	pace     func(start time.Time, n int64) time.Time // for stream
 	slack    time.Duration
 	until    time.Time // the deadline set now
 	pending  []byte
@@ -110,11 +111,16 @@ func (o *replyWriter) send(hdr, data []byte, mayWait bool) error {
 	return o.err
 }
 
-// writeWith writes the gathered replies and data after them in one system call; o.mu is
-// held.
+// writeWith writes the gathered replies and data after them in one system call, within
+// the deadline for their size; o.mu is held.
 func (o *replyWriter) writeWith(data []byte) error {
-	o.vec[0], o.vec[1] = o.pending, data
 	o.setDeadline(len(o.pending) + len(data))
+	return o.writeVec(data)
+}
+
+// writeVec is writeWith under the deadline already set.
+func (o *replyWriter) writeVec(data []byte) error {
+	o.vec[0], o.vec[1] = o.pending, data
 	var err error
 	if vw, ok := o.w.(buffersWriter); ok {
 		_, err = vw.WriteBuffers(o.vec[:])
@@ -132,8 +138,9 @@ func (o *replyWriter) writeWith(data []byte) error {
 
 // stream writes one reply whose data comes in parts (a streamed read: stream.go), holding
 // the writer throughout so that no other reply lands inside it: hdr after the replies
-// gathered so far, then each part fill passes to write. It returns the first error of
-// write or of fill; the caller decides whether the reply can still be completed.
+// gathered so far, then each part fill passes to write, each due at the pace the whole
+// reply would be (pace), not in the time of a reply of its size. It returns the first
+// error of write or of fill; the caller decides whether the reply can still be completed.
 func (o *replyWriter) stream(hdr []byte, fill func(write func(p []byte) error) error) error {
 	err := o.lock()
 	defer o.mu.Unlock()
@@ -141,7 +148,15 @@ func (o *replyWriter) stream(hdr []byte, fill func(write func(p []byte) error) e
 		return err
 	}
 	o.pending = append(o.pending, hdr...)
-	return fill(o.writeWith)
+	start, sent := time.Now(), int64(0)
+	return fill(func(p []byte) error {
+		sent += int64(len(o.pending) + len(p))
+		if o.dl != nil {
+			o.until = o.pace(start, sent)
+			o.dl.SetWriteDeadline(o.until)
+		}
+		return o.writeVec(p)
+	})
 }
 
 // writePending writes the gathered replies; o.mu is held.

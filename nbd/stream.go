@@ -51,6 +51,7 @@ func (c *conn) streamWrite(br *bufio.Reader, req *request) (string, slog.Level, 
 	b := c.exp.Backend
 	k, keeps := b.(Keeper)
 	off, n := int64(req.off), int64(req.length)
+	start := time.Now() // the pieces keep the pace of one payload
 	var err error
 	for done := int64(0); done < n; {
 		if err != nil {
@@ -64,7 +65,7 @@ func (c *conn) streamWrite(br *bufio.Reader, req *request) (string, slog.Level, 
 		}
 		m := min(n-done, streamPiece)
 		buf := getBuf(int(m))
-		if e := c.readPayload(br, *buf); e != nil {
+		if e := c.readPayload(br, *buf, start, done); e != nil {
 			putBuf(buf)
 			r := *req
 			c.release(req)
