@@ -1,10 +1,8 @@
 package keys
 
 import (
-	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
@@ -76,18 +74,13 @@ func (k *MasterKey) JournalKey() *Secret { return k.derive(infoJournal, 32) }
 
 func (k *MasterKey) headerMACKey() *Secret { return k.derive(infoHeaderMAC, 32) }
 
-// derive is HKDF-SHA256(ikm = master key, salt = volume ID, info), n bytes.
+// derive is HKDF-SHA256(ikm = master key, salt = volume ID, info), n bytes, computed in
+// memory that is cleared (hkdf.go).
 func (k *MasterKey) derive(info string, n int) *Secret {
-	if n == 0 {
-		return NewSecret(0)
+	s := NewSecret(n)
+	if n > 0 {
+		hkdfSHA256(s.Bytes(), k.key.Bytes(), k.volumeID[:], info)
 	}
-	b, err := hkdf.Key(sha256.New, k.key.Bytes(), k.volumeID[:], info, n)
-	if err != nil {
-		// Only a length beyond 255·32 bytes fails, and no key is that long.
-		panic(fmt.Sprintf("keys: HKDF of %d bytes: %v", n, err))
-	}
-	s := secretFrom(b)
-	clear(b)
 	return s
 }
 
@@ -108,9 +101,11 @@ func (MasterKey) LogValue() slog.Value       { return slog.StringValue(redacted)
 func headerMAC(raw *[HeaderSize]byte, mk *MasterKey) []byte {
 	key := mk.headerMACKey()
 	defer key.Wipe()
-	m := hmac.New(sha256.New, key.Bytes())
-	m.Write(authenticatedPrefix(raw, offMAC))
-	return m.Sum(nil)
+	h := newKeyedHash()
+	defer h.wipe()
+	mac := make([]byte, hmacSize)
+	h.sum(mac, key.Bytes(), authenticatedPrefix(raw, offMAC))
+	return mac
 }
 
 func setMAC(raw *[HeaderSize]byte, mk *MasterKey) {

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"reflect"
 
+	"github.com/elidisk/eli/internal/wipe"
 	"golang.org/x/crypto/chacha20poly1305"
 )
 
@@ -154,23 +154,6 @@ func withKEK(p KDFParams, ikm *Secret, salt []byte, fn func(cipher.AEAD) error) 
 	if err != nil {
 		return err
 	}
-	defer wipeAEAD(aead)
+	defer wipe.AEADKey(aead)
 	return fn(aead)
-}
-
-// wipeAEAD zeroes the key inside an AEAD from chacha20poly1305.NewX, which has no way to
-// wipe itself: a pointer to a struct whose only field is the [32]byte key. It checks that
-// layout by reflection first and reports whether it wiped; a future x/crypto that changes
-// the layout makes it a no-op, and TestWipeAEAD fail.
-func wipeAEAD(a cipher.AEAD) bool {
-	v := reflect.ValueOf(a)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return false
-	}
-	t := v.Type().Elem()
-	if t.Kind() != reflect.Struct || t.NumField() != 1 || t.Field(0).Type != reflect.TypeFor[[chacha20poly1305.KeySize]byte]() {
-		return false
-	}
-	clear((*[chacha20poly1305.KeySize]byte)(v.UnsafePointer())[:])
-	return true
 }
