@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	_ "embed"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,9 @@ import (
 
 //go:embed vm/guest.sh
 var guestScript []byte
+
+//go:embed vm/prelude.sh
+var guestPrelude []byte
 
 // vmKernel finds the kernel scripts/test caches: ELI_VM_DIR (default /var/cache/eli-vm)
 // holds linux-VERSION/{vmlinuz,kernel/...}; the newest version wins.
@@ -45,15 +49,40 @@ func vmKernel(t *testing.T) (vmlinuz, modRoot string) {
 // ('detach --keep-device'). The guest (vm/guest.sh) reports; this
 // test judges.
 func TestVMKernelDevice(t *testing.T) {
+	g := newGuest(t, guestScript, "")
+	// A hang guard, not a timing assertion (the guest has its own, shorter one): a boot
+	// and the whole script take about a minute under TCG on an idle machine.
+	console, res := g.boot(t, "", 9*time.Minute)
+	checkVMResults(t, res)
+	if t.Failed() {
+		t.Logf("console:\n%s", tail(console, 6000))
+		if log := serverLog(console); log != "" {
+			t.Logf("the server's log when the kernel timed a request out:\n%s", log)
+		}
+	}
+}
+
+// guest is a bootable VM test: Debian's 6.1 kernel and an initramfs holding the guest
+// script as /init, busybox, eli, e2fsprogs and the modules for nbd and ext4.
+type guest struct {
+	qemu, vmlinuz, initrd string
+}
+
+// newGuest builds the initramfs for script. extra names a Go package (a path relative to
+// this directory) built into the guest as /bin/<its base name>, or "".
+func newGuest(t *testing.T, script []byte, extra string) *guest {
+	t.Helper()
 	qemu := testtool.Need(t, "qemu-system-x86_64", "qemu-system-x86")
 	busybox := testtool.Need(t, "busybox", "busybox-static")
 	mkfs := testtool.Need(t, "mkfs.ext4", "e2fsprogs")
 	fsck := testtool.Need(t, "e2fsck", "e2fsprogs")
+	resize2fs := testtool.Need(t, "resize2fs", "e2fsprogs")
 	vmlinuz, modRoot := vmKernel(t)
 	dir := t.TempDir()
 
 	var rd vm.Initramfs
-	rd.File("init", guestScript, 0o755)
+	rd.File("init", script, 0o755)
+	rd.File("lib/eli-prelude.sh", guestPrelude, 0o644)
 	if err := rd.CopyFile("bin/busybox", busybox); err != nil {
 		t.Fatal(err)
 	}
@@ -63,17 +92,22 @@ func TestVMKernelDevice(t *testing.T) {
 	rd.Dir("proc")
 	rd.Dir("sys")
 	rd.Dir("dev")
-	// eli must run without the host's libc.
-	eli := filepath.Join(dir, "eli")
-	build := exec.Command("go", "build", "-o", eli, "../cmd/eli")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build eli: %v\n%s", err, out)
+	// eli (and any test tool) must run without the host's libc.
+	for _, pkg := range []string{"../cmd/eli", extra} {
+		if pkg == "" {
+			continue
+		}
+		name := filepath.Base(pkg)
+		bin := filepath.Join(dir, name)
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", pkg, err, out)
+		}
+		if err := rd.CopyFile("bin/"+name, bin); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := rd.CopyFile("bin/eli", eli); err != nil {
-		t.Fatal(err)
-	}
-	resize2fs := testtool.Need(t, "resize2fs", "e2fsprogs")
 	for name, src := range map[string]string{"sbin/mkfs.ext4": mkfs, "sbin/e2fsck": fsck, "sbin/resize2fs": resize2fs} {
 		if err := rd.CopyProgram(name, src); err != nil {
 			t.Fatal(err)
@@ -105,22 +139,35 @@ func TestVMKernelDevice(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
+	return &guest{qemu: qemu, vmlinuz: vmlinuz, initrd: initrd}
+}
 
-	// A hang guard, not a timing assertion (the guest has its own, shorter one): a boot
-	// and the whole script take about a minute under TCG on an idle machine.
-	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+// boot runs the guest to its end, with args appended to the kernel's command line, and
+// returns the console and the guest's results. limit is a hang guard: qemu is killed
+// when it passes. A guest that does not report "done" fails the test.
+func (g *guest) boot(t *testing.T, args string, limit time.Duration) (string, map[string][]string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, qemu,
+	cmd := exec.CommandContext(ctx, g.qemu,
 		"-accel", "tcg", "-m", "1536", "-smp", "2", "-nographic", "-no-reboot",
-		"-kernel", vmlinuz, "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=4 rdinit=/init")
+		"-kernel", g.vmlinuz, "-initrd", g.initrd,
+		"-append", strings.TrimSpace("console=ttyS0 panic=-1 loglevel=4 rdinit=/init "+args))
 	var console bytes.Buffer
-	cmd.Stdout = &console
-	cmd.Stderr = &console
+	var w io.Writer = &console
+	// ELI_VM_CONSOLE=FILE copies the console there as it comes, to watch a guest run.
+	if path := os.Getenv("ELI_VM_CONSOLE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		w = io.MultiWriter(&console, f)
+	}
+	cmd.Stdout = w
+	cmd.Stderr = w
 	start := time.Now()
 	runErr := cmd.Run()
-	logPath := filepath.Join(dir, "console.log")
-	os.WriteFile(logPath, console.Bytes(), 0o644)
 	t.Logf("VM ran %v", time.Since(start).Round(time.Second))
 	res := parseResults(console.Bytes())
 	if _, ok := res["done"]; !ok || runErr != nil {
@@ -133,13 +180,7 @@ func TestVMKernelDevice(t *testing.T) {
 			}
 		}
 	}
-	checkVMResults(t, res)
-	if t.Failed() {
-		t.Logf("console:\n%s", tail(console.String(), 6000))
-		if log := serverLog(console.String()); log != "" {
-			t.Logf("the server's log when the kernel timed a request out:\n%s", log)
-		}
-	}
+	return console.String(), res
 }
 
 // serverLog is what the guest printed of the server's log after the kernel timed a request

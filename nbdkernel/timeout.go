@@ -12,9 +12,9 @@ import (
 )
 
 // The kernel's NBD driver gives up on a server in two ways that a server which holds
-// requests for a while (eli's suspend) must both defer. Both facts are from Linux 6.1's
-// drivers/block/nbd.c and block/ (Debian's linux-source-6.1), and the VM test
-// TestVMHoldDevice shows them on Debian's kernel:
+// requests for a while (eli's suspend) must both defer. The facts are from Linux 6.1's
+// drivers/block/nbd.c and block/ (Debian's linux-source-6.1, the kernel of the VM tests),
+// and TestVMHoldDevice shows the first two on that kernel:
 //
 //   - The request timeout. A request not answered within the device's timeout goes to
 //     nbd_xmit_timeout: with more than one connection, or one connection and a non-zero
@@ -24,17 +24,21 @@ import (
 //     only for a device with one connection, and the queue's timer still runs at 30 s: it
 //     is no way out for a multi-connection device. NBD_CMD_RECONFIGURE's NBD_ATTR_TIMEOUT
 //     sets the timeout live (nbd_set_cmd_timeout: tag_set.timeout and the queue's
-//     rq_timeout). A request takes the queue's rq_timeout when it is first started
-//     (blk_add_timer; blk_mq_rq_ctx_init zeroes it) and keeps it through re-arms and
-//     requeues: a new timeout applies to requests started afterwards, never to those
-//     already in flight.
-//   - The send timeout. The driver writes each request into its socket with the socket's
+//     rq_timeout).
+//   - The send timeout. The driver writes each request into its socket under the socket's
 //     SO_SNDTIMEO, which it sets to the timeout when a socket is connected or re-plugged
 //     and never again: a reconfigured timeout does not reach it. When the server stops
-//     reading (its own limits on requests in flight, or a stopped process), a request
+//     reading (its own limit on requests in flight, or a stopped process), a request
 //     larger than what the socket buffers take blocks in sendmsg, fails with EAGAIN when
-//     the send timeout expires ("Send control failed" / "Send data failed"), and its
-//     socket is marked dead as above. Only a holder of the socket's file can change it.
+//     the send timeout expires ("Send data failed"), and its socket is marked dead as
+//     above. Only a holder of the socket's file can change it.
+//   - Requests already in flight. A request takes the queue's rq_timeout when it is
+//     started (blk_add_timer; blk_mq_rq_ctx_init zeroes it) and keeps it through re-arms
+//     and requeues: a raised timeout applies to requests started afterwards. (A VM run
+//     showed a read started before the raise timed out at 30 s, requeued, and again 30 s
+//     later. While a send is blocked, though, no request of the device is timed out at
+//     all: nbd's queue is BLK_MQ_F_BLOCKING, and the timeout work first waits for every
+//     running queue_rq, synchronize_srcu in blk_mq_wait_quiesce_done.)
 //
 // So a server that is about to hold requests raises both (Device.SetTimeout), keeps
 // answering until every request started before the raise has its reply, then holds; and

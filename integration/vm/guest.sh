@@ -2,29 +2,12 @@
 # /init of the VM test's guest. It drives eli and /dev/nbd0 and prints one line per
 # finding, "ELI-RESULT key value...", which integration/vm_test.go parses and checks.
 # It never decides pass or fail itself: it reports what it saw.
-export PATH=/bin:/sbin:/usr/bin:/usr/sbin
-/bin/busybox --install -s /bin
-mkdir -p /proc /sys /dev /tmp /run /mnt
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs dev /dev
-mount -t tmpfs -o size=900m tmp /tmp
-mount -t tmpfs run /run
-export ELI_STATE_DIR=/run/eli
-
-r() { echo "ELI-RESULT $*"; }
-fin() { r done; sync; poweroff -f; sleep 60; }
-trap fin EXIT
-# A hang guard: whatever wedges, the VM powers off and the test reports what it saw. The
-# script takes about a minute; 420 s leaves room for a host whose other tenants starve
+. /lib/eli-prelude.sh
+# The script takes about a minute; 420 s leaves room for a host whose other tenants starve
 # the vCPUs (a CI run in a slow stretch once failed here with the guest reporting soft
 # lockups, which is a vCPU not run for 20 s).
-(sleep 420; echo "ELI-RESULT watchdog fired"; dmesg | tail -30; poweroff -f) &
-
-for m in $(cat /lib/eli-modules/order); do
-	insmod "/lib/eli-modules/$m" || r insmod_failed "$m"
-done
-r kernel "$(uname -r)"
+watchdog 420
+load_modules
 
 SS=4096
 P=/tmp/disk.img
