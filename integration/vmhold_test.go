@@ -84,6 +84,11 @@ func checkHoldResults(t *testing.T, res map[string][]string, hold int) {
 	want("nlonly_raised", "raised 86400000 30000 30000")
 	want("control_connected", "30000")
 
+	for _, d := range []string{"main", "nlonly", "control"} {
+		if ms := num(d + "_drained_in_ms"); ms >= 30000 {
+			t.Errorf("%s still had requests in flight 30 s after the raise", d)
+		}
+	}
 	// The hold held: it lasted, and none of main's writers finished during it.
 	if h := num("held_for"); h < hold {
 		t.Errorf("held for %d s, want %d", h, hold)

@@ -56,23 +56,29 @@ r control_connected "$(cat /sys/block/nbd2/queue/io_timeout)"
 dd if=/dev/urandom of=/tmp/src bs=1M count=16 2>/dev/null
 head -c 3000 /tmp/src >/tmp/small
 for d in $devs; do
-	mkfs.ext4 -q -F -E nodiscard "$(dev $d)" >/dev/null 2>&1 || r mkfs_failed "$d"
+	# Without lazy init: no background writes of inode tables after the mount.
+	mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 "$(dev $d)" >/dev/null 2>&1 || r mkfs_failed "$d"
 	mkdir -p "/mnt/$d"
 	mount -t ext4 "$(dev $d)" "/mnt/$d" || r mount_failed "$d"
 	cp /tmp/src "/mnt/$d/before"
 done
-# Nothing in flight when the timeouts change: a request keeps the timeout it started with.
 sync
 for d in main nlonly; do
 	kill -USR1 "$(holder $d)"
 	r "${d}_raised" $(status $d raised)
 done
+# A request keeps the timeout it started with: each server answers until its device has
+# had nothing in flight once since the raise (what a suspend's drain does), then stops.
 for d in $devs; do
+	nb=$(dev $d)
+	n=0
+	while [ "$(cat /sys/block/${nb#/dev/}/inflight | tr -d ' ')" != 00 ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
 	kill -STOP "$(pid $d)"
+	r "${d}_drained_in_ms" $((n * 100))
 done
 dmesg -c >/dev/null
 held_at=$(date +%s)
-r held
+r held "$(cut -d' ' -f1 /proc/uptime)"
 
 # Writes during the hold: a buffered file then fsync, O_DIRECT pieces of 1 MiB (each one
 # request larger than what a socket's buffer takes), and small files, each fsynced.
