@@ -43,7 +43,8 @@ const cephHangGuard = 3 * time.Minute
 func TestCeph(t *testing.T) {
 	e := newEnv(t, false)
 	began := time.Now()
-	cl := ceph.Start(t, e.mkdirTemp("", "ceph"), ceph.Options{WatchTimeout: cephWatchTimeout})
+	cl := ceph.Start(t, e.mkdirTemp("", "ceph"))
+	cl.SetWatchTimeout(t, cephWatchTimeout)
 	cl.CreatePool(t, cephPool)
 	t.Logf("cluster and pool ready in %v", time.Since(began).Round(time.Millisecond))
 

@@ -29,14 +29,6 @@ import (
 	"github.com/elidisk/eli/internal/testtool"
 )
 
-// Options shape a cluster.
-type Options struct {
-	// WatchTimeout is the OSD's osd_client_watch_timeout: how long the watch of a client
-	// that died without closing its image (and so the RBD exclusive lock it held)
-	// outlives it. Zero leaves Ceph's default.
-	WatchTimeout time.Duration
-}
-
 // commandTimeout bounds every ceph, rados and rbd command: they wait for the monitor
 // or an OSD without end when those are gone, and a test must fail instead of hang.
 const commandTimeout = 2 * time.Minute
@@ -80,7 +72,7 @@ type Cluster struct {
 const ClientID = "eli"
 
 // Start bootstraps a cluster in dir and stops it when the test ends.
-func Start(t testing.TB, dir string, o Options) *Cluster {
+func Start(t testing.TB, dir string) *Cluster {
 	t.Helper()
 	Need(t)
 	c := &Cluster{dir: dir}
@@ -94,10 +86,6 @@ func Start(t testing.TB, dir string, o Options) *Cluster {
 	fsid := uuid(t)
 	c.conf = filepath.Join(dir, "ceph.conf")
 	admin := filepath.Join(dir, "admin.keyring")
-	watch := ""
-	if o.WatchTimeout > 0 {
-		watch = fmt.Sprintf("osd client watch timeout = %d\n", int(o.WatchTimeout.Round(time.Second)/time.Second))
-	}
 	// The settings, from Ceph's configuration reference: one node, so no failure domain
 	// above the OSD and one replica (which the monitor allows only when told); a full
 	// disk on a CI machine must not stop the monitor; RocksDB's chatter out of the OSD's
@@ -138,7 +126,7 @@ bluestore block size = 4294967296
 bluestore block db create = false
 bluestore block wal create = false
 osd memory target = 1073741824
-%[4]s`, fsid, port, dir, watch)
+`, fsid, port, dir)
 	if err := os.WriteFile(c.conf, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +253,20 @@ func (c *Cluster) Objects(t testing.TB, pool string) map[string][]byte {
 	}
 	os.Remove(tmp)
 	return objs
+}
+
+// SetWatchTimeout sets the OSD's osd_client_watch_timeout in the monitor's
+// configuration database, as the README advises (0: Ceph's default). It is how long the
+// watch of a client that died without closing its image, and so the RBD exclusive lock
+// it held, outlives it; a watch keeps the timeout it was made with, so it applies to
+// gateways started after it.
+func (c *Cluster) SetWatchTimeout(t testing.TB, d time.Duration) {
+	t.Helper()
+	if d == 0 {
+		c.Run(t, "ceph", "config", "rm", "osd", "osd_client_watch_timeout")
+		return
+	}
+	c.Run(t, "ceph", "config", "set", "osd", "osd_client_watch_timeout", strconv.Itoa(int(d.Round(time.Second)/time.Second)))
 }
 
 // KillOSD kills the OSD with sig and waits for it to exit.
