@@ -11,15 +11,15 @@ import (
 )
 
 // A regular file on tmpfs is read through a shared, read-only mapping of the whole file
-// instead of pread. On tmpfs, pread is mostly per-page bookkeeping (look up and reference
-// each 4 KiB folio, copy, release), several times the CPU of a copy out of the same pages
-// mapped, and a large part of an encrypted read's CPU time (docs/benchmarks.md,
-// "Measurements behind design choices"). The copy still goes into the caller's buffer,
-// so that what blockdev authenticates and what it decrypts are the same bytes, whatever
-// another process does to the file meanwhile. What a caller reads once and keeps
-// (blockdev's metadata blocks and tree nodes) it reads with ReadOnce, which is pread: a
-// first touch of a page through the mapping faults it in, with its neighbours, and that
-// costs more than the system call.
+// instead of pread (its first reads perhaps not: below). On tmpfs, pread is mostly
+// per-page bookkeeping (look up and reference each 4 KiB folio, copy, release), several
+// times the CPU of a copy out of the same pages mapped, and a large part of an encrypted
+// read's CPU time (docs/benchmarks.md, "Measurements behind design choices"). The copy
+// still goes into the caller's buffer, so that what blockdev authenticates and what it
+// decrypts are the same bytes, whatever another process does to the file meanwhile.
+// What a caller reads once and keeps (blockdev's metadata blocks and tree nodes) it
+// reads with ReadOnce, which is pread: a first touch of a page through the mapping
+// faults it in, with its neighbours, and that can cost more than the system call.
 //
 // Only where all pages of the range are in memory (mincore): a read fault on a hole of a
 // tmpfs file allocates a page, which would fill a sparse provider with zeroes, so holes
@@ -49,6 +49,15 @@ import (
 // times the CPU of reads through a read-only one (measured on a VM; why, we did not pin
 // down), and a server's first read of 1 GiB twice as much in all (docs/benchmarks.md,
 // "Measurements behind design choices").
+//
+// A first touch of a page through the mapping faults it in: the kernel sets up its
+// page-table entries, which later copies out of the same pages do not pay. Where page
+// tables are cheap to change, that costs less than pread's bookkeeping; where they are
+// dear (a VM whose hypervisor shadows the guest's page tables) it costs several times
+// pread, and then the data a fresh server meets first, read once (a boot, a scan, a
+// backup, a copy), is far cheaper to read by pread. So the first read of each 64 KiB
+// chunk goes one way or the other as the machine's own costs decide, measured on the
+// file's first reads (firstread.go); chunks read before always go through the mapping.
 //
 // On file systems backed by a disk nothing is mapped: pread costs much less there than
 // on tmpfs, a mapping would only add page tables, and a write through it would reach
@@ -80,6 +89,7 @@ func (p *File) mapIfTmpfs() {
 	}
 	p.mem = mem
 	p.resident = make([]atomic.Uint64, (p.size+residentRegion*64-1)/(residentRegion*64))
+	p.seen = make([]atomic.Uint64, (p.size+seenChunk*64-1)/(seenChunk*64))
 	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil && fl&unix.O_ACCMODE == unix.O_RDWR {
 		if wmem, err := unix.Mmap(fd, 0, int(p.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
 			p.wmem = wmem
@@ -161,7 +171,7 @@ func (p *File) unmap() error {
 		return nil
 	}
 	mem, wmem := p.mem, p.wmem
-	p.mem, p.wmem, p.resident = nil, nil, nil
+	p.mem, p.wmem, p.resident, p.seen = nil, nil, nil, nil
 	err := unix.Munmap(mem)
 	if wmem != nil {
 		if werr := unix.Munmap(wmem); err == nil {
@@ -182,6 +192,14 @@ func (p *File) readMapped(b []byte, off int64) (n int, ok bool, err error) {
 	if p.mem == nil || len(b) == 0 || off < 0 || off > int64(len(p.mem))-int64(len(b)) {
 		return 0, false, nil
 	}
+	way, whole := p.first.way.Load(), false
+	if way != wayMap {
+		var fresh bool
+		fresh, whole = p.firstRead(off, int64(len(b)))
+		if fresh && way == wayPread {
+			return 0, false, nil
+		}
+	}
 	if !p.isResident(off, int64(len(b))) {
 		start := off &^ (pageSize - 1) // mincore wants it page-aligned
 		span := p.mem[start : off+int64(len(b))]
@@ -198,6 +216,9 @@ func (p *File) readMapped(b []byte, off int64) (n int, ok bool, err error) {
 		if p.probes.Add(1)%probeEvery == 0 {
 			p.probeRegion(off / residentRegion)
 		}
+	}
+	if whole && way == wayUndecided {
+		return p.firstReadSample(b, off)
 	}
 	n, err = p.copyMapped(b, off)
 	return n, true, err

@@ -2,16 +2,18 @@ package provider
 
 import (
 	"bytes"
+	"encoding/binary"
 	"io"
 	"os"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
 // shmFile is a file of size bytes on tmpfs (/dev/shm), where File maps what it writes.
-func shmFile(t *testing.T, size int64) string {
+func shmFile(t testing.TB, size int64) string {
 	t.Helper()
 	var st unix.Statfs_t
 	if err := unix.Statfs("/dev/shm", &st); err != nil || st.Type != unix.TMPFS_MAGIC {
@@ -161,7 +163,7 @@ func TestMappedFaultIsError(t *testing.T) {
 	if err := os.Truncate(path, 64<<10); err != nil {
 		t.Fatal(err)
 	}
-	// mincore now sends this read to pread, which sees the new end.
+	// A first read goes to pread (as mincore would send it), which sees the new end.
 	if n, err := p.ReadAt(make([]byte, 4096), 512<<10); n != 0 || err != io.EOF {
 		t.Fatalf("read past the truncated end: %d, %v", n, err)
 	}
@@ -342,6 +344,177 @@ func TestMappedResidentRegions(t *testing.T) {
 	}
 	if want := int64(residentRegion + residentRegion/2 - 64<<10); st.Blocks*512 > want {
 		t.Fatalf("%d bytes allocated, want at most %d: reading the punched hole allocated it", st.Blocks*512, want)
+	}
+}
+
+// TestMappedFirstReads: where first reads go by pread, the first read of a chunk leaves
+// the mapping untouched (no page of it mapped into the process, which /proc/self/pagemap
+// shows), a second read of it copies out of the mapping, and a read that reaches a chunk
+// not read before is pread again; where they go through the mapping, a first read maps
+// its pages.
+func TestMappedFirstReads(t *testing.T) {
+	t.Parallel()
+	const size = 1 << 20
+	path := shmFile(t, size)
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*13 + i>>12)
+	}
+	w := openMapped(t, path)
+	if _, err := w.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	pagemap, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pagemap.Close()
+	for _, way := range []int32{wayPread, wayMap} {
+		p := openMapped(t, path)
+		p.first.way.Store(way)
+		// mapped counts the pages of [off, off+n) of p's read mapping present in this
+		// process's page tables (pagemap's bit 63, proc(5)).
+		mapped := func(off, n int64) int {
+			t.Helper()
+			base := uintptr(unsafe.Pointer(&p.mem[0]))
+			pages := int(n / pageSize)
+			ents := make([]byte, 8*pages)
+			if _, err := pagemap.ReadAt(ents, int64((base+uintptr(off))/uintptr(pageSize))*8); err != nil {
+				t.Fatal(err)
+			}
+			present := 0
+			for i := range pages {
+				if binary.LittleEndian.Uint64(ents[8*i:])>>63 == 1 {
+					present++
+				}
+			}
+			return present
+		}
+		read := func(off, n int64) {
+			t.Helper()
+			got := make([]byte, n)
+			if _, err := p.ReadAt(got, off); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want[off:off+n]) {
+				t.Fatalf("read %d+%d: not what was written", off, n)
+			}
+		}
+		a, b := int64(2*seenChunk), int64(8*seenChunk)
+		read(a, seenChunk)
+		read(b+100, 5000)
+		if way == wayMap {
+			if m := mapped(a, seenChunk); m != int(seenChunk/pageSize) {
+				t.Fatalf("first reads through the mapping: %d of %d pages mapped", m, seenChunk/pageSize)
+			}
+			continue
+		}
+		if m := mapped(a, seenChunk) + mapped(b, seenChunk); m != 0 {
+			t.Fatalf("first reads by pread mapped %d pages", m)
+		}
+		read(a+4096, 8192)
+		if m := mapped(a+4096, 8192); m != 2 {
+			t.Fatalf("a second read of a chunk mapped %d of its 2 pages; want a copy out of the mapping", m)
+		}
+		if m := mapped(b, seenChunk); m != 0 {
+			t.Fatalf("a chunk read once has %d pages mapped after a read of another", m)
+		}
+		read(b, 2*seenChunk) // chunk b read before, chunk b+1 not
+		if m := mapped(b, 2*seenChunk); m != 0 {
+			t.Fatalf("a read that reaches a new chunk mapped %d pages; want pread", m)
+		}
+		read(b, 2*seenChunk)
+		if m := mapped(b, 2*seenChunk); m != int(2*seenChunk/pageSize) {
+			t.Fatalf("a read of two chunks read before mapped %d of their pages", m)
+		}
+	}
+}
+
+// TestFirstReadSamples: a fresh file's first whole reads of new chunks are samples,
+// alternately through the mapping and by pread, each read right, until both ways have
+// read firstSampleBytes; then the file has decided, as decide says, and takes no more
+// samples. Reads of chunks read before, or shorter than a chunk, are no samples.
+func TestFirstReadSamples(t *testing.T) {
+	t.Parallel()
+	const size = 8 << 20
+	path := shmFile(t, size)
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*29 + i>>16)
+	}
+	w := openMapped(t, path)
+	if _, err := w.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	p := openMapped(t, path)
+	read := func(off, n int64) {
+		t.Helper()
+		got := make([]byte, n)
+		if _, err := p.ReadAt(got, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want[off:off+n]) {
+			t.Fatalf("read %d+%d: not what was written", off, n)
+		}
+	}
+	samples := func() int64 { return p.first.bytes[0].Load() + p.first.bytes[1].Load() }
+	read(0, 4096)
+	read(0, seenChunk)
+	read(100, seenChunk)
+	if s := samples(); s != 0 {
+		t.Fatalf("%d bytes sampled by a short read and reads of a chunk read before", s)
+	}
+	off := int64(2 * seenChunk) // the reads above touched chunks 0 and 1
+	for p.first.way.Load() == wayUndecided {
+		if off+2*seenChunk > size {
+			t.Fatalf("undecided after sampling %d bytes", samples())
+		}
+		read(off, 2*seenChunk)
+		off += 2 * seenChunk
+	}
+	if got, want := off-2*seenChunk, int64(2*firstSampleBytes); got != want {
+		t.Fatalf("decided after %d bytes of first reads, want %d (firstSampleBytes each way, alternating)", got, want)
+	}
+	for way := range 2 {
+		if b := p.first.bytes[way].Load(); b != firstSampleBytes {
+			t.Fatalf("way %d sampled %d bytes, want %d", way, b, firstSampleBytes)
+		}
+	}
+	if got, want := p.first.way.Load(), p.first.decide(); got != want {
+		t.Fatalf("way %d, but the samples decide %d", got, want)
+	}
+	before := samples()
+	read(off, 2*seenChunk)
+	if samples() != before {
+		t.Fatal("a first read sampled after the decision")
+	}
+}
+
+// TestFirstWayDecide: pread wins only where the mapping's first reads cost more than
+// firstPreadFactor times as much per byte, and nothing is decided on too few bytes.
+func TestFirstWayDecide(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		mapNs, mapBytes, preadNs, preadBytes int64
+		want                                 int32
+	}{
+		{650, 1 << 20, 140, 1 << 20, wayPread}, // page tables dear
+		{170, 1 << 20, 200, 1 << 20, wayMap},   // cheap
+		{2 * 200, 1 << 20, 200, 1 << 20, wayMap},
+		{2*200 + 1, 1 << 20, 200, 1 << 20, wayPread},
+		{650, 2 << 20, 140, 1 << 20, wayPread}, // per byte
+		{650, 8 << 20, 140, 1 << 20, wayMap},
+		{650, 1<<20 - 1, 140, 1 << 20, wayUndecided},
+		{650, 1 << 20, 140, 1<<20 - 1, wayUndecided},
+	} {
+		var f firstWay
+		f.ns[0].Store(c.mapNs)
+		f.bytes[0].Store(c.mapBytes)
+		f.ns[1].Store(c.preadNs)
+		f.bytes[1].Store(c.preadBytes)
+		if got := f.decide(); got != c.want {
+			t.Errorf("%+v: decide %d, want %d", c, got, c.want)
+		}
 	}
 }
 

@@ -145,6 +145,8 @@ type File struct {
 	// wmem: the whole file mapped again, for writing (WriteMapped), or nil.
 	wmem     []byte
 	resident []atomic.Uint64 // a bit per residentRegion of mem known in memory (mapped.go)
+	seen     []atomic.Uint64 // a bit per seenChunk of mem read before (firstread.go)
+	first    firstWay        // how a chunk's first read goes (firstread.go)
 	probes   atomic.Uint64   // reads that asked mincore, to probe whole regions now and then
 	punches  atomic.Uint64   // punches begun, so that a probe does not outlive one
 	raw      *rawFile        // on tmpfs: raw pread, pwrite and fdatasync (rawio.go); nil elsewhere

@@ -18,7 +18,7 @@ func tempFile(t *testing.T, size int64) string {
 }
 
 // fileIn is a new sparse file of size bytes in dir.
-func fileIn(t *testing.T, dir string, size int64) string {
+func fileIn(t testing.TB, dir string, size int64) string {
 	t.Helper()
 	p := filepath.Join(dir, "prov")
 	if err := os.WriteFile(p, nil, 0o600); err != nil {
