@@ -77,6 +77,7 @@ func TestQuickRun(t *testing.T) {
 		t.Errorf("the section was not printed")
 	}
 	checkTable(t, text, allTargets())
+	checkColdWarm(t, text, allTargets())
 	for _, want := range []string{"÷ qemu-nbd + LUKS", "÷ nbdkit luks", "÷ eli none", "Reproduce from the repository root: `bench/run --quick`",
 		"nbdkit 1.", "fio-", "qemu-nbd ", "(benchmarks.svg)"} {
 		if !strings.Contains(text, want) {
@@ -150,12 +151,47 @@ func checkTable(t *testing.T, text string, targets []target) {
 			t.Errorf("no row for %s", tg.Label)
 			continue
 		}
-		if len(cells) != len(workloads()) {
+		if len(cells) != len(headline(workloads())) {
 			t.Errorf("%s: %d cells", tg.Label, len(cells))
 		}
 		for _, c := range cells {
 			if x, err := strconv.ParseFloat(strings.TrimSpace(c), 64); err != nil || !(x > 0) {
 				t.Errorf("%s: cell %q is not a positive number", tg.Label, c)
+			}
+		}
+	}
+}
+
+// checkColdWarm finds the table of cold and warm sequential passes and checks one row
+// per target with eight positive numbers.
+func checkColdWarm(t *testing.T, text string, targets []target) {
+	t.Helper()
+	rows := map[string][]string{}
+	in := false
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "| server | seq write MB/s, cold | warm | seq read MB/s, cold | warm | seq write ms per GB, cold | warm | seq read ms per GB, cold | warm |") {
+			in = true
+			continue
+		}
+		if in && !strings.HasPrefix(l, "|") {
+			break
+		}
+		if in && !strings.HasPrefix(l, "|---") {
+			cells := strings.Split(strings.Trim(l, "|"), "|")
+			rows[strings.TrimSpace(cells[0])] = cells[1:]
+		}
+	}
+	if len(rows) != len(targets) {
+		t.Fatalf("cold and warm table has %d rows, want %d:\n%s", len(rows), len(targets), text)
+	}
+	for _, tg := range targets {
+		cells := rows[tg.Label]
+		if len(cells) != 8 {
+			t.Errorf("%s: %d cells in the cold and warm table", tg.Label, len(cells))
+		}
+		for _, c := range cells {
+			if x, err := strconv.ParseFloat(strings.TrimSpace(c), 64); err != nil || !(x > 0) {
+				t.Errorf("%s: cold or warm cell %q is not a positive number", tg.Label, c)
 			}
 		}
 	}
@@ -222,10 +258,14 @@ func fakeReport(rates map[string][4]float64) *report {
 	}
 	r := newReport(o, ts)
 	for _, res := range r.Results {
-		for i, wl := range workloads() {
-			res.Rates[wl.Name] = []float64{rates[res.Name][i]}
-			res.Work[wl.Name] = 1000
-			res.CPUSeconds[wl.Name] = 1
+		for i, wl := range headline(workloads()) {
+			for _, name := range []string{wl.Name, warmOf(wl.Name)} {
+				if name != "" {
+					res.Rates[name] = []float64{rates[res.Name][i]}
+					res.Work[name] = 1000
+					res.CPUSeconds[name] = 1
+				}
+			}
 		}
 	}
 	return r
@@ -282,8 +322,20 @@ func TestMarkdownTableComplete(t *testing.T) {
 		rates[tg.Name] = [4]float64{100 * x, 110 * x, 1000 * x, 1100 * x}
 	}
 	r := fakeReport(rates)
+	for _, res := range r.Results { // warm passes: twice the cold ones' MB/s at half the CPU
+		for _, wl := range []string{wlSeqWriteWarm, wlSeqReadWarm} {
+			res.Rates[wl][0] *= 2
+			res.CPUSeconds[wl] /= 2
+		}
+	}
 	text := r.markdown("benchmarks.svg")
 	checkTable(t, text, allTargets())
+	checkColdWarm(t, text, allTargets())
+	// eli-none is the 4th target: cold write 400 MB/s, warm 800; read 440 and 880; CPU
+	// 1 s per 1000 MB cold, half that warm.
+	if !strings.Contains(text, "| eli none | 400 | 800 | 440 | 880 | 1000 | 500 | 1000 | 500 |") {
+		t.Errorf("cold and warm row for eli none is wrong:\n%s", text)
+	}
 	if !strings.HasPrefix(text, markBegin+"\n") || !strings.HasSuffix(text, markEnd+"\n") {
 		t.Errorf("section is not enclosed in its markers:\n%s", text)
 	}

@@ -12,8 +12,11 @@
 // live on tmpfs, preallocated; every server is started first, warmed up with one write
 // and one read pass, then each repetition runs every workload on every server, the
 // servers' order rotating from one repetition to the next so that a change in the
-// machine's load falls on all of them. Medians are reported, with each server's CPU time
-// per unit of work (steadier than throughput on a shared machine).
+// machine's load falls on all of them. The sequential write and read each run on a
+// server started afresh (cold: what a user's first copy or scan after attach meets),
+// then again on the same server (warm); the main tables give the cold figures, and a
+// table of their own both. Medians are reported, with each server's CPU time per unit of
+// work (steadier than throughput on a shared machine).
 //
 // The result is a Markdown section (machine, table, ratios, how to reproduce) written
 // into docs/benchmarks.md between markers, so the prose around it survives a rerun, and

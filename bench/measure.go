@@ -85,7 +85,7 @@ func measureAll(ctx context.Context, o *options, log io.Writer) (*report, error)
 
 	wls := workloads()
 	for _, s := range servers {
-		for _, wl := range wls[:2] { // one sequential write and read pass
+		for _, wl := range []workload{wls[0], wls[2]} { // one sequential write and read pass
 			rate, _, err := wl.run(r, ctx, s)
 			if err != nil {
 				return nil, fmt.Errorf("warm-up: %w", err)
@@ -97,7 +97,16 @@ func measureAll(ctx context.Context, o *options, log io.Writer) (*report, error)
 	for rep_ := range o.reps {
 		for _, wl := range wls {
 			for k := range servers {
-				s := servers[(k+rep_)%len(servers)]
+				i := (k + rep_) % len(servers)
+				if wl.Fresh {
+					s, err := w.restart(ctx, servers[i])
+					if err != nil {
+						servers = append(servers[:i], servers[i+1:]...) // stopped
+						return nil, err
+					}
+					servers[i] = s
+				}
+				s := servers[i]
 				before, err := s.cpuTime()
 				if err != nil {
 					return nil, err

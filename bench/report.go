@@ -181,6 +181,10 @@ func workloadTitle(wl workload) string {
 		return "rand read 4K IOPS"
 	case wlRandWrite:
 		return "rand write 4K IOPS"
+	case wlSeqWriteWarm:
+		return "seq write (warm) MB/s"
+	case wlSeqReadWarm:
+		return "seq read (warm) MB/s"
 	}
 	return wl.Name + " " + wl.Unit
 }
@@ -206,15 +210,18 @@ func (r *report) markdown(chartRef string) string {
 		p(" (other work was running: figures taken under load)")
 	}
 	p(", %.2f at its end (the run itself keeps both client and server busy).\n\n", m.LoadEnd)
-	p("Each export holds %s on tmpfs; %d measured repetition(s) after one warm-up pass, medians; fio ran %gs per run.\n\n",
+	p("Each export holds %s on tmpfs; %d measured repetition(s) after one warm-up pass, medians; fio ran %gs per run. "+
+		"The sequential figures are a fresh server's: each repetition starts every server again before its sequential write and before its sequential read, "+
+		"as a user's first copy, scan or backup after attach meets it (the same pass again on the same server is in the table of cold and warm figures below).\n\n",
 		sizeString(r.Size), r.Reps, r.RuntimeS)
+	wls := headline(r.Workloads)
 
 	p("| server |")
-	for _, wl := range r.Workloads {
+	for _, wl := range wls {
 		p(" %s |", workloadTitle(wl))
 	}
 	p("\n|---|")
-	for range r.Workloads {
+	for range wls {
 		p("---:|")
 	}
 	p("\n")
@@ -224,7 +231,7 @@ func (r *report) markdown(chartRef string) string {
 			name = "**" + name + "**"
 		}
 		p("| %s |", name)
-		for _, wl := range r.Workloads {
+		for _, wl := range wls {
 			p(" %s |", number(t.median(wl.Name)))
 		}
 		p("\n")
@@ -236,11 +243,11 @@ func (r *report) markdown(chartRef string) string {
 	if r.result(nameEliAEAD) != nil {
 		p("\neli xchacha20-poly1305 against the others, as ratios of medians from this run (targets in brackets):\n\n")
 		p("| eli xchacha20-poly1305 |")
-		for _, wl := range r.Workloads {
+		for _, wl := range wls {
 			p(" %s |", strings.TrimSuffix(strings.TrimSuffix(workloadTitle(wl), " MB/s"), " IOPS"))
 		}
 		p("\n|---|")
-		for range r.Workloads {
+		for range wls {
 			p("---:|")
 		}
 		p("\n")
@@ -249,7 +256,7 @@ func (r *report) markdown(chartRef string) string {
 				continue
 			}
 			p("| %s |", rt.label)
-			for _, wl := range r.Workloads {
+			for _, wl := range wls {
 				x := r.ratio(rt.against, wl.Name)
 				cell := fmt.Sprintf("%.2f×", x)
 				if min, ok := rt.min[wl.Name]; ok {
@@ -267,7 +274,7 @@ func (r *report) markdown(chartRef string) string {
 
 	p("\nServer CPU time per unit of work, summed over the repetitions (lower is better; steadier than throughput on a shared machine):\n\n")
 	p("| server |")
-	for _, wl := range r.Workloads {
+	for _, wl := range wls {
 		unit := "µs per I/O"
 		if wl.Work == "MB" {
 			unit = "ms per GB"
@@ -275,16 +282,19 @@ func (r *report) markdown(chartRef string) string {
 		p(" %s, %s |", strings.Fields(workloadTitle(wl))[0]+" "+strings.Fields(workloadTitle(wl))[1], unit)
 	}
 	p("\n|---|")
-	for range r.Workloads {
+	for range wls {
 		p("---:|")
 	}
 	p("\n")
 	for _, t := range r.Results {
 		p("| %s |", t.Label)
-		for _, wl := range r.Workloads {
+		for _, wl := range wls {
 			p(" %s |", number(t.cpuPer(wl)))
 		}
 		p("\n")
+	}
+	if cw := r.coldWarm(); cw != "" {
+		p("\n%s", cw)
 	}
 	if len(r.Codecs) > 0 {
 		p("\nThe codecs alone (`eli bench --sector-size 4096`, %d threads, in memory, no I/O), the ceiling each eli mode sets:\n\n", r.Codecs[0].Threads)
@@ -295,6 +305,52 @@ func (r *report) markdown(chartRef string) string {
 	}
 	p("\nReproduce from the repository root: `%s`\n\n", r.Command)
 	p("%s\n", markEnd)
+	return b.String()
+}
+
+// coldWarm renders the table of the sequential workloads on a fresh server and again on
+// the same one, throughput and server CPU side by side ("" if the run has none).
+func (r *report) coldWarm() string {
+	var pairs []workload
+	for _, wl := range r.Workloads {
+		if wl.Fresh && warmOf(wl.Name) != "" {
+			pairs = append(pairs, wl)
+		}
+	}
+	if len(pairs) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("Sequential passes on a fresh server (cold) and the same pass again on the same server (warm), medians of MB/s and server CPU per GB summed over the repetitions:\n\n")
+	p("| server |")
+	for _, wl := range pairs {
+		what := strings.TrimSuffix(workloadTitle(wl), " MB/s")
+		p(" %s MB/s, cold | warm |", what)
+	}
+	for _, wl := range pairs {
+		what := strings.TrimSuffix(workloadTitle(wl), " MB/s")
+		p(" %s ms per GB, cold | warm |", what)
+	}
+	p("\n|---|")
+	for range 2 * len(pairs) {
+		p("---:|---:|")
+	}
+	p("\n")
+	byName := map[string]workload{}
+	for _, wl := range r.Workloads {
+		byName[wl.Name] = wl
+	}
+	for _, t := range r.Results {
+		p("| %s |", t.Label)
+		for _, wl := range pairs {
+			p(" %s | %s |", number(t.median(wl.Name)), number(t.median(warmOf(wl.Name))))
+		}
+		for _, wl := range pairs {
+			p(" %s | %s |", number(t.cpuPer(wl)), number(t.cpuPer(byName[warmOf(wl.Name)])))
+		}
+		p("\n")
+	}
 	return b.String()
 }
 

@@ -112,6 +112,8 @@ type world struct {
 // server is a running target.
 type server struct {
 	t    target
+	argv []string // what started it, to start it again (restart)
+	sock string
 	cmd  *exec.Cmd
 	uri  string
 	size int64 // the export's size, as the server reports it
@@ -158,13 +160,28 @@ func (w *world) start(ctx context.Context, t target) (*server, error) {
 	return w.spawn(ctx, t, argv, sock)
 }
 
+// restart stops s and starts its server again on the same backing file: a fresh
+// process, which has read nothing and touched no memory of its own yet.
+func (w *world) restart(ctx context.Context, s *server) (*server, error) {
+	if err := s.stop(); err != nil {
+		return nil, err
+	}
+	// Not every server removes its socket when it stops, and nbdkit refuses one that is
+	// there.
+	if err := os.Remove(s.sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	return w.spawn(ctx, s.t, s.argv, s.sock)
+}
+
 // spawn starts argv as t's server and waits until its export answers.
 func (w *world) spawn(ctx context.Context, t target, argv []string, sock string) (*server, error) {
-	logf, err := os.Create(filepath.Join(w.logDir, t.Name+".log"))
+	// Appended to: a restarted server's log follows its predecessor's.
+	logf, err := os.OpenFile(filepath.Join(w.logDir, t.Name+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	s := &server{t: t, log: logf, done: make(chan struct{}), uri: "nbd+unix:///?socket=" + sock}
+	s := &server{t: t, argv: argv, sock: sock, log: logf, done: make(chan struct{}), uri: "nbd+unix:///?socket=" + sock}
 	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Stderr = logf
 	stdout := &outBuffer{log: logf}

@@ -16,20 +16,32 @@ type workload struct {
 	Unit string `json:"unit"` // "MB/s" (10^6 bytes per second) or "IOPS"
 	// Work is what the CPU time is divided by: "MB" or "I/O".
 	Work string `json:"work"`
+	// Fresh: run on a server started just before (what a user meets after attach:
+	// nothing read, no memory of its own touched yet); the -warm workload after it
+	// repeats it on the same server.
+	Fresh bool `json:"fresh,omitempty"`
+	// Warm: the repetition of a Fresh workload, on the server it left behind.
+	Warm bool `json:"warm,omitempty"`
 	run  func(r *runner, ctx context.Context, s *server) (rate, work float64, err error)
 }
 
 const (
-	wlSeqWrite  = "seq-write"
-	wlSeqRead   = "seq-read"
-	wlRandRead  = "rand-read-4k"
-	wlRandWrite = "rand-write-4k"
+	wlSeqWrite     = "seq-write"
+	wlSeqWriteWarm = "seq-write-warm"
+	wlSeqRead      = "seq-read"
+	wlSeqReadWarm  = "seq-read-warm"
+	wlRandRead     = "rand-read-4k"
+	wlRandWrite    = "rand-write-4k"
 )
 
+// workloads in the order each repetition runs them. The sequential ones run twice on
+// each server: on one started afresh, then again on the same one.
 func workloads() []workload {
 	return []workload{
-		{Name: wlSeqWrite, Unit: "MB/s", Work: "MB", run: (*runner).seqWrite},
-		{Name: wlSeqRead, Unit: "MB/s", Work: "MB", run: (*runner).seqRead},
+		{Name: wlSeqWrite, Unit: "MB/s", Work: "MB", Fresh: true, run: (*runner).seqWrite},
+		{Name: wlSeqWriteWarm, Unit: "MB/s", Work: "MB", Warm: true, run: (*runner).seqWrite},
+		{Name: wlSeqRead, Unit: "MB/s", Work: "MB", Fresh: true, run: (*runner).seqRead},
+		{Name: wlSeqReadWarm, Unit: "MB/s", Work: "MB", Warm: true, run: (*runner).seqRead},
 		{Name: wlRandRead, Unit: "IOPS", Work: "I/O", run: func(r *runner, ctx context.Context, s *server) (float64, float64, error) {
 			return r.fio(ctx, s, "randread")
 		}},
@@ -37,6 +49,29 @@ func workloads() []workload {
 			return r.fio(ctx, s, "randwrite")
 		}},
 	}
+}
+
+// headline are the workloads of the main tables and the chart: the sequential ones on
+// a fresh server, which is what a user's first copy, scan or backup after attach meets.
+func headline(wls []workload) []workload {
+	var h []workload
+	for _, wl := range wls {
+		if !wl.Warm {
+			h = append(h, wl)
+		}
+	}
+	return h
+}
+
+// warmOf is the Warm workload that repeats wl, or "".
+func warmOf(wl string) string {
+	switch wl {
+	case wlSeqWrite:
+		return wlSeqWriteWarm
+	case wlSeqRead:
+		return wlSeqReadWarm
+	}
+	return ""
 }
 
 // runner holds what the clients need.
