@@ -104,6 +104,8 @@ const (
 	// probeEvery: one read in probeEvery of a region not known to be resident probes the
 	// whole region.
 	probeEvery = 64
+	// walkExtents bounds markAllocated's system calls, two per extent.
+	walkExtents = 1024
 )
 
 // isResident reports whether every region that [off, off+n) touches is known resident.
@@ -125,6 +127,45 @@ func (p *File) forgetResident(off, n int64) {
 	end := min(off+n, int64(len(p.mem)))
 	for r := off / residentRegion; r < (end+residentRegion-1)/residentRegion; r++ {
 		p.resident[r/64].And(^(uint64(1) << (r % 64)))
+	}
+}
+
+// markAllocated marks resident every region that lies wholly within the file's data, as
+// lseek's SEEK_DATA and SEEK_HOLE find it, before the first read that would ask mincore.
+// On tmpfs those walk the page cache once from one end of the file to the other, a
+// fraction of what mincore of the same pages costs while they are not mapped (per read,
+// or per region probed); a sequential first pass over a provider written whole then asks
+// mincore nothing, and a random one does not wait for probes. A file in more than
+// walkExtents pieces of data is left to mincore after the first ones, so that the walk
+// stays bounded. Pages that tmpfs holds but has not had written (fallocate) count as
+// holes here, where mincore finds them in memory: their regions are left to mincore.
+func (p *File) markAllocated() {
+	fd := int(p.f.Fd())
+	punches := p.punches.Load() // before the walk: see probeRegion
+	for off, n := int64(0), 0; off < p.size && n < walkExtents; n++ {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err != nil { // ENXIO: no data after off
+			break
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			break
+		}
+		from, to := (data+residentRegion-1)/residentRegion, hole/residentRegion
+		if hole >= p.size {
+			to = (p.size + residentRegion - 1) / residentRegion // the last region ends at the end
+		}
+		for r := from; r < to; r++ {
+			p.resident[r/64].Or(1 << (r % 64))
+		}
+		off = hole
+	}
+	if p.punches.Load() != punches {
+		// A punch may have cleared a bit before the walk set it: forget them all, and
+		// let probes find them again.
+		for i := range p.resident {
+			p.resident[i].Store(0)
+		}
 	}
 }
 
@@ -172,6 +213,7 @@ func (p *File) unmap() error {
 	}
 	mem, wmem := p.mem, p.wmem
 	p.mem, p.wmem, p.resident, p.seen = nil, nil, nil, nil
+	p.walked.Store(false)
 	err := unix.Munmap(mem)
 	if wmem != nil {
 		if werr := unix.Munmap(wmem); err == nil {
@@ -199,6 +241,9 @@ func (p *File) readMapped(b []byte, off int64) (n int, ok bool, err error) {
 		if fresh && way == wayPread {
 			return 0, false, nil
 		}
+	}
+	if !p.isResident(off, int64(len(b))) && p.walked.CompareAndSwap(false, true) {
+		p.markAllocated()
 	}
 	if !p.isResident(off, int64(len(b))) {
 		start := off &^ (pageSize - 1) // mincore wants it page-aligned

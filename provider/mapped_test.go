@@ -518,6 +518,61 @@ func TestFirstWayDecide(t *testing.T) {
 	}
 }
 
+// TestMappedWalk: the first read that would ask mincore marks resident every region
+// that lies wholly within the file's data, none that holds a hole, and the last region,
+// shorter than the others, if the data reaches the end; the regions it marks read right.
+func TestMappedWalk(t *testing.T) {
+	t.Parallel()
+	const size = 4*residentRegion + residentRegion/2
+	path := shmFile(t, size)
+	w := openMapped(t, path)
+	want := make([]byte, size)
+	write := func(off, n int64) {
+		t.Helper()
+		for i := off; i < off+n; i++ {
+			want[i] = byte(i*31 + i>>12)
+		}
+		if _, err := w.WriteAt(want[off:off+n], off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, residentRegion)                                 // region 0 whole
+	write(residentRegion+4096, residentRegion-4096)          // region 1 but its first page
+	write(2*residentRegion, residentRegion+residentRegion/2) // region 2 whole, half of 3
+	write(4*residentRegion-4096, residentRegion/2+4096)      // end of 3, the short last one
+	p := openMapped(t, path)
+	for r := int64(0); r < 5; r++ {
+		if p.isResident(r*residentRegion, 1) {
+			t.Fatalf("region %d known resident before any read", r)
+		}
+	}
+	got := make([]byte, 8192)
+	if _, err := p.ReadAt(got, 3*residentRegion); err != nil { // a hole: zeroes
+		t.Fatal(err)
+	}
+	for r, res := range []bool{true, false, true, false, true} {
+		if p.isResident(int64(r)*residentRegion, 1) != res {
+			t.Errorf("region %d: known resident %v, want %v", r, !res, res)
+		}
+	}
+	all := make([]byte, size)
+	for range 2 { // first reads, then reads of chunks read before
+		if _, err := p.ReadAt(all, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(all, want) {
+			t.Fatal("a read across walked regions and holes is not what was written")
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if alloc, written := st.Blocks*512, int64(size-residentRegion/2); alloc > written { // the holes: a page, and half a region less a page
+		t.Fatalf("%d bytes allocated after writing %d and reading everything", alloc, written)
+	}
+}
+
 // TestRawFile: on tmpfs, WriteAt, ReadOnce and Sync are raw system calls (rawFile) with
 // os.File's contract: every byte where it belongs, across pieces of rawPiece; io.EOF at
 // the end; a negative offset refused; after Close an error, never a write through a

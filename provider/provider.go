@@ -148,6 +148,7 @@ type File struct {
 	seen     []atomic.Uint64 // a bit per seenChunk of mem read before (firstread.go)
 	first    firstWay        // how a chunk's first read goes (firstread.go)
 	probes   atomic.Uint64   // reads that asked mincore, to probe whole regions now and then
+	walked   atomic.Bool     // markAllocated has run (or is running) since the file was mapped
 	punches  atomic.Uint64   // punches begun, so that a probe does not outlive one
 	raw      *rawFile        // on tmpfs: raw pread, pwrite and fdatasync (rawio.go); nil elsewhere
 }
