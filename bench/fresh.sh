@@ -15,7 +15,9 @@
 #                (binary; default: go build ./cmd/eli), DIR (tmpfs, default /dev/shm),
 #                BASE (another eli binary, such as an older build: its servers of the same
 #                volumes join the rotation as none.base and x2.base, to compare two
-#                builds in one run).
+#                builds in one run), RESULTS (a file to keep each pass's line in: round,
+#                read|write, server, pass, MB/s, server CPU ms/GB, faults/GB, nbdcopy CPU
+#                ms/GB, idle %).
 #
 # The summary gives medians and ranges over the rounds of the ratios issue 43 sets
 # targets for, each from one round: a server's first pass against its later ones (CPU),
@@ -95,7 +97,7 @@ print(n / (t1 - t0) / 1e6, (c1 - c0) / g * 1e3, (f1 - f0) / g, (ru.ru_utime + ru
 EOF
 }
 
-out=$work/results
+out=${RESULTS:-$work/results}
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$rounds"); do
 	for rw in "${passes[@]}"; do
@@ -136,10 +138,18 @@ for rw in ("read", "write"):
     for t in targets:
         for p in passes[1:]:
             line(f"{rw} {t}: first / pass {p}, server CPU", lambda g: g(rw, t, "1")[1] / g(rw, t, p)[1])
-line("first read, eli none / nbdkit file, MB/s", lambda g: g("read", "none", "1")[0] / g("read", "kit", "1")[0])
-line("first read, nbdkit file / eli none, server CPU per GB", lambda g: g("read", "kit", "1")[1] / g("read", "none", "1")[1])
-line("first read, x2 / eli none, MB/s", lambda g: g("read", "x2", "1")[0] / g("read", "none", "1")[0])
-line("first read, eli none / x2, server CPU per GB", lambda g: g("read", "none", "1")[1] / g("read", "x2", "1")[1])
+for b in ("", ".base"):
+    none, x2 = "none" + b, "x2" + b
+    line(f"first read, eli {none} / nbdkit file, MB/s", lambda g: g("read", none, "1")[0] / g("read", "kit", "1")[0])
+    line(f"first read, nbdkit file / eli {none}, server CPU per GB", lambda g: g("read", "kit", "1")[1] / g("read", none, "1")[1])
+    line(f"first read, {x2} / eli {none}, MB/s", lambda g: g("read", x2, "1")[0] / g("read", none, "1")[0])
+    line(f"first read, eli {none} / {x2}, server CPU per GB", lambda g: g("read", none, "1")[1] / g("read", x2, "1")[1])
+    # Where the server and nbdcopy keep both CPUs busy between them, MB/s go as 1 / (the
+    # server's CPU per GB + nbdcopy's): the ratio of MB/s that the CPU time alone allows.
+    line(f"first read, eli {none} / nbdkit file, MB/s that the CPU time allows",
+         lambda g: (g("read", "kit", "1")[1] + g("read", "kit", "1")[3]) / (g("read", none, "1")[1] + g("read", none, "1")[3]))
+    line(f"first read, {x2} / eli {none}, MB/s that the CPU time allows",
+         lambda g: (g("read", none, "1")[1] + g("read", none, "1")[3]) / (g("read", x2, "1")[1] + g("read", x2, "1")[3]))
 for rw in ("read", "write"):
     for t in ("none", "x2"):
         for p in passes:
