@@ -139,6 +139,7 @@ func (p *File) forgetResident(off, n int64) {
 // walkExtents pieces of data is left to mincore after the first ones, so that the walk
 // stays bounded. Pages that tmpfs holds but has not had written (fallocate) count as
 // holes here, where mincore finds them in memory: their regions are left to mincore.
+// BenchmarkFreshReads measures it (docs/benchmarks.md, "A fresh server").
 func (p *File) markAllocated() {
 	fd := int(p.f.Fd())
 	punches := p.punches.Load() // before the walk: see probeRegion
