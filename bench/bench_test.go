@@ -127,10 +127,26 @@ func TestQuickRun(t *testing.T) {
 // numbers.
 func checkTable(t *testing.T, text string, targets []target) {
 	t.Helper()
+	checkRows(t, "results table", text, "| server | seq write MB/s |", targets, len(headline(workloads())))
+}
+
+// checkColdWarm finds the table of cold and warm sequential passes and checks one row
+// per target with eight positive numbers.
+func checkColdWarm(t *testing.T, text string, targets []target) {
+	t.Helper()
+	checkRows(t, "cold and warm table", text,
+		"| server | seq write MB/s, cold | warm | seq read MB/s, cold | warm | seq write ms per GB, cold | warm | seq read ms per GB, cold | warm |",
+		targets, 8)
+}
+
+// checkRows finds the table whose header starts with header and checks one row per
+// target (by label, bold or not) with n positive numbers.
+func checkRows(t *testing.T, what, text, header string, targets []target, n int) {
+	t.Helper()
 	rows := map[string][]string{}
 	in := false
 	for _, l := range strings.Split(text, "\n") {
-		if strings.HasPrefix(l, "| server | seq write MB/s |") {
+		if strings.HasPrefix(l, header) {
 			in = true
 			continue
 		}
@@ -143,55 +159,20 @@ func checkTable(t *testing.T, text string, targets []target) {
 		}
 	}
 	if len(rows) != len(targets) {
-		t.Fatalf("results table has %d rows, want %d:\n%s", len(rows), len(targets), text)
+		t.Fatalf("%s has %d rows, want %d:\n%s", what, len(rows), len(targets), text)
 	}
 	for _, tg := range targets {
 		cells, ok := rows[tg.Label]
 		if !ok {
-			t.Errorf("no row for %s", tg.Label)
+			t.Errorf("%s: no row for %s", what, tg.Label)
 			continue
 		}
-		if len(cells) != len(headline(workloads())) {
-			t.Errorf("%s: %d cells", tg.Label, len(cells))
+		if len(cells) != n {
+			t.Errorf("%s: %s: %d cells, want %d", what, tg.Label, len(cells), n)
 		}
 		for _, c := range cells {
 			if x, err := strconv.ParseFloat(strings.TrimSpace(c), 64); err != nil || !(x > 0) {
-				t.Errorf("%s: cell %q is not a positive number", tg.Label, c)
-			}
-		}
-	}
-}
-
-// checkColdWarm finds the table of cold and warm sequential passes and checks one row
-// per target with eight positive numbers.
-func checkColdWarm(t *testing.T, text string, targets []target) {
-	t.Helper()
-	rows := map[string][]string{}
-	in := false
-	for _, l := range strings.Split(text, "\n") {
-		if strings.HasPrefix(l, "| server | seq write MB/s, cold | warm | seq read MB/s, cold | warm | seq write ms per GB, cold | warm | seq read ms per GB, cold | warm |") {
-			in = true
-			continue
-		}
-		if in && !strings.HasPrefix(l, "|") {
-			break
-		}
-		if in && !strings.HasPrefix(l, "|---") {
-			cells := strings.Split(strings.Trim(l, "|"), "|")
-			rows[strings.TrimSpace(cells[0])] = cells[1:]
-		}
-	}
-	if len(rows) != len(targets) {
-		t.Fatalf("cold and warm table has %d rows, want %d:\n%s", len(rows), len(targets), text)
-	}
-	for _, tg := range targets {
-		cells := rows[tg.Label]
-		if len(cells) != 8 {
-			t.Errorf("%s: %d cells in the cold and warm table", tg.Label, len(cells))
-		}
-		for _, c := range cells {
-			if x, err := strconv.ParseFloat(strings.TrimSpace(c), 64); err != nil || !(x > 0) {
-				t.Errorf("%s: cold or warm cell %q is not a positive number", tg.Label, c)
+				t.Errorf("%s: %s: cell %q is not a positive number", what, tg.Label, c)
 			}
 		}
 	}

@@ -347,6 +347,34 @@ func TestMappedResidentRegions(t *testing.T) {
 	}
 }
 
+// writtenShm is a file of size bytes on tmpfs written whole with a pattern, and the
+// pattern.
+func writtenShm(t *testing.T, size int64) (string, []byte) {
+	t.Helper()
+	path := shmFile(t, size)
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*29 + i>>16)
+	}
+	w := openMapped(t, path)
+	if _, err := w.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	return path, want
+}
+
+// readWant reads n bytes at off from p and checks them against want.
+func readWant(t *testing.T, p *File, want []byte, off, n int64) {
+	t.Helper()
+	got := make([]byte, n)
+	if _, err := p.ReadAt(got, off); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want[off:off+n]) {
+		t.Fatalf("read %d+%d: not what was written", off, n)
+	}
+}
+
 // TestMappedFirstReads: where first reads go by pread, the first read of a chunk leaves
 // the mapping untouched (no page of it mapped into the process, which /proc/self/pagemap
 // shows), a second read of it copies out of the mapping, and a read that reaches a chunk
@@ -355,15 +383,7 @@ func TestMappedResidentRegions(t *testing.T) {
 func TestMappedFirstReads(t *testing.T) {
 	t.Parallel()
 	const size = 1 << 20
-	path := shmFile(t, size)
-	want := make([]byte, size)
-	for i := range want {
-		want[i] = byte(i*13 + i>>12)
-	}
-	w := openMapped(t, path)
-	if _, err := w.WriteAt(want, 0); err != nil {
-		t.Fatal(err)
-	}
+	path, want := writtenShm(t, size)
 	pagemap, err := os.Open("/proc/self/pagemap")
 	if err != nil {
 		t.Fatal(err)
@@ -390,16 +410,7 @@ func TestMappedFirstReads(t *testing.T) {
 			}
 			return present
 		}
-		read := func(off, n int64) {
-			t.Helper()
-			got := make([]byte, n)
-			if _, err := p.ReadAt(got, off); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, want[off:off+n]) {
-				t.Fatalf("read %d+%d: not what was written", off, n)
-			}
-		}
+		read := func(off, n int64) { t.Helper(); readWant(t, p, want, off, n) }
 		a, b := int64(2*seenChunk), int64(8*seenChunk)
 		read(a, seenChunk)
 		read(b+100, 5000)
@@ -437,26 +448,9 @@ func TestMappedFirstReads(t *testing.T) {
 func TestFirstReadSamples(t *testing.T) {
 	t.Parallel()
 	const size = 8 << 20
-	path := shmFile(t, size)
-	want := make([]byte, size)
-	for i := range want {
-		want[i] = byte(i*29 + i>>16)
-	}
-	w := openMapped(t, path)
-	if _, err := w.WriteAt(want, 0); err != nil {
-		t.Fatal(err)
-	}
+	path, want := writtenShm(t, size)
 	p := openMapped(t, path)
-	read := func(off, n int64) {
-		t.Helper()
-		got := make([]byte, n)
-		if _, err := p.ReadAt(got, off); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want[off:off+n]) {
-			t.Fatalf("read %d+%d: not what was written", off, n)
-		}
-	}
+	read := func(off, n int64) { t.Helper(); readWant(t, p, want, off, n) }
 	samples := func() int64 { return p.first.bytes[0].Load() + p.first.bytes[1].Load() }
 	read(0, 4096)
 	read(0, seenChunk)
