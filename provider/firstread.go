@@ -18,8 +18,7 @@ import (
 // reads: the first whole reads of new chunks (no part of them read before, at least
 // seenChunk long) alternate between the mapping and pread, each timed in the CPU time
 // of its thread, until each way has read firstSampleBytes. Until then, first reads
-// that are not samples go through the mapping, as every read did before the file had
-// a choice.
+// that are not samples go through the mapping.
 //
 // pread wins if the mapping's first touch costs more than firstPreadFactor times as
 // much per byte. With M the cost of a first read through the mapping, P a pread's and
