@@ -33,6 +33,14 @@ func (h *Header) Dump() string {
 	line("provider size", "%d", h.ProviderSize)
 	line("keyslots", "%d active of %d", h.ActiveSlots(), NumSlots)
 	line("header mac", "%s", hex.EncodeToString(h.raw[offMAC:offMAC+macSize]))
+	r := h.Reencryption()
+	line("key epoch", "%d", r.Epoch)
+	if r.Active {
+		line("re-encryption", "under way from %s (epoch %d) to %s; checkpoint at sector %d of %d; the header holds the previous master key until it ends",
+			r.PrevMode, r.Epoch-1, h.Mode, r.Cursor, h.Sectors)
+	} else {
+		line("re-encryption", "none (no previous master key in the header)")
+	}
 	for i, s := range h.Slots {
 		if !s.Active {
 			line(fmt.Sprintf("slot %d", i), "empty")

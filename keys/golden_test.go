@@ -10,9 +10,11 @@ import (
 	"testing"
 
 	"github.com/elidisk/eli/sector"
+
+	"golang.org/x/crypto/chacha20poly1305"
 )
 
-var updateGolden = flag.Bool("update", false, "rewrite keys/testdata/header-v1.bin")
+var updateGolden = flag.Bool("update", false, "rewrite the golden headers in keys/testdata")
 
 const goldenPath = "testdata/header-v1.bin"
 
@@ -31,19 +33,27 @@ var goldenSlots = []struct {
 
 func buildGolden(t *testing.T) []byte {
 	t.Helper()
+	p, mk, _ := buildGoldenVolume(t)
+	mk.Wipe()
+	return p.bytesAt(0, HeaderSize)
+}
+
+// buildGoldenVolume makes the golden volume and returns it with its master key and the
+// random source, for what follows it.
+func buildGoldenVolume(t *testing.T) (*memProvider, *MasterKey, *countingReader) {
+	t.Helper()
 	rnd := &countingReader{}
 	p := newMem(testSize)
 	mk, err := create(p, testLayout(), goldenSlots[0].c, goldenSlots[0].kdf, rnd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mk.Wipe()
 	for _, s := range goldenSlots[1:] {
 		if _, err := setKey(p, mk, s.slot, s.c, s.kdf, rnd); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return p.bytesAt(0, HeaderSize)
+	return p, mk, rnd
 }
 
 // Vectors computed outside Go, so the golden header pins the format, not this code:
@@ -133,5 +143,100 @@ func TestGoldenHeader(t *testing.T) {
 	m.Write(covered)
 	if !bytes.Equal(m.Sum(nil), golden[offMAC:offMAC+macSize]) {
 		t.Error("the golden header's MAC is not HMAC-SHA256(header-mac key, bytes [0, 96) with the sequence zeroed)")
+	}
+}
+
+const goldenReencPath = "testdata/header-v1-reencrypting.bin"
+
+// Vectors for the golden header caught halfway through a re-encryption, computed outside
+// Go (python3 hmac/hashlib HKDF-SHA256, as for the keys above): the new master key is the
+// counting source's bytes 08..47 (what follows the golden volume's salts and nonces and a
+// volume ID that the new key does not take).
+const (
+	goldenNewMK       = "08090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f4041424344454647"
+	goldenPreviousKEK = "7f82a6fb9e20db7d3e9a81794c498dccb3f7f4db6b064a42c210279d35e0555e"
+	goldenNewMACKey   = "3582f18ea637ddbeee08ed938cbd2e54dda0daebae758517fa0d3b856f60edd4"
+	goldenReencCursor = 123
+)
+
+// TestGoldenHeaderReencrypting pins the header of a volume caught halfway through a
+// re-encryption (docs/format.md, "Re-encryption"): the golden volume, re-encrypted with
+// every keyslot kept, checkpointed at sector 123. An independent reader opens the
+// previous key with the KEK and additional data the format describes.
+func TestGoldenHeaderReencrypting(t *testing.T) {
+	t.Parallel()
+	p, old, rnd := buildGoldenVolume(t)
+	defer old.Wipe()
+	slots := map[int]Credentials{}
+	for _, s := range goldenSlots {
+		slots[s.slot] = s.c
+	}
+	mk, err := beginReencrypt(p, old, ReencryptOptions{Slots: slots}, rnd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mk.Wipe()
+	if err := setReencryptCursor(p, mk, goldenReencCursor, rnd); err != nil {
+		t.Fatal(err)
+	}
+	built := p.bytesAt(0, HeaderSize)
+	if *updateGolden {
+		if err := os.WriteFile(goldenReencPath, built, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	golden, err := os.ReadFile(goldenReencPath)
+	if err != nil {
+		t.Fatalf("%v (run go test ./keys -run TestGoldenHeader -update to create it)", err)
+	}
+	if !bytes.Equal(built, golden) {
+		t.Fatalf("the header this code writes differs from %s: a format change must be deliberate (then -update)", goldenReencPath)
+	}
+	h, err := Decode(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := h.Reencryption(); r != (Reencryption{Epoch: 1, Active: true, PrevMode: sector.ModeXChaCha20Poly1305, Cursor: goldenReencCursor}) {
+		t.Fatalf("state %+v", r)
+	}
+	wantNew, _ := hex.DecodeString(goldenNewMK)
+	for _, s := range goldenSlots {
+		got, _, err := h.Unlock(s.c, AnySlot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), wantNew) {
+			t.Errorf("slot %d unwraps another key than the new one", s.slot)
+		}
+		got.Wipe()
+	}
+	// Independently of this package: the header MAC under the new key covers the epoch,
+	// and the previous key opens with XChaCha20-Poly1305 under HKDF(new key,
+	// "eli/v1/previous-key") with AD = bytes [0, 80) (sequence zeroed) ‖ bytes [1664, 1688).
+	macKey, _ := hex.DecodeString(goldenNewMACKey)
+	m := hmac.New(sha256.New, macKey)
+	covered := bytes.Clone(golden[:offMAC])
+	clear(covered[offSequence : offSequence+8])
+	m.Write(covered)
+	m.Write(golden[1664:1672])
+	if !bytes.Equal(m.Sum(nil), golden[offMAC:offMAC+macSize]) {
+		t.Error("the header MAC is not HMAC-SHA256(header-mac key, bytes [0, 96) with the sequence zeroed ‖ the epoch)")
+	}
+	kek, _ := hex.DecodeString(goldenPreviousKEK)
+	aead, err := chacha20poly1305.NewX(kek)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad := bytes.Clone(golden[:80])
+	clear(ad[offSequence : offSequence+8])
+	ad = append(ad, golden[1664:1688]...)
+	prev, err := aead.Open(nil, golden[1688:1712], golden[1712:1792], ad)
+	if err != nil {
+		t.Fatalf("the previous key does not open as the format says: %v", err)
+	}
+	for i, b := range prev {
+		if b != byte(16+i) {
+			t.Fatal("the previous key is not the golden master key")
+		}
 	}
 }

@@ -181,9 +181,6 @@ func decode(b []byte, where string) (*Header, error) {
 	if jo := le.Uint64(b[offJournalOff:]); jo != uint64(h.JournalOffset()) {
 		return nil, corrupt("journal offset %d does not match journal length %d", jo, h.JournalLen)
 	}
-	if f := le.Uint32(b[offFlags:]); f != 0 {
-		return nil, corrupt("unknown flags %#x", f)
-	}
 	if n := le.Uint32(b[offSlotCount:]); n != NumSlots {
 		return nil, corrupt("keyslot count %d, expected %d", n, NumSlots)
 	}
@@ -195,8 +192,8 @@ func decode(b []byte, where string) (*Header, error) {
 	if err := h.Layout.Validate(h.ProviderSize); err != nil {
 		return nil, corrupt("recorded provider size %d cannot hold the layout", h.ProviderSize)
 	}
-	if !allZero(b[offReserved:offChecksum]) {
-		return nil, corrupt("reserved bytes %d..%d are not zero", offReserved, offChecksum)
+	if err := checkReencryption(b, h.Layout); err != nil {
+		return nil, corrupt("%v", err)
 	}
 	for i := range NumSlots {
 		info, err := decodeSlot(slotBytes(&h.raw, i))

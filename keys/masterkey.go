@@ -97,14 +97,14 @@ func (MasterKey) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(redacted)) 
 func (MasterKey) LogValue() slog.Value       { return slog.StringValue(redacted) }
 
 // headerMAC is HMAC-SHA256 under the header-MAC key over header bytes [0, 96) with the
-// sequence zeroed.
+// sequence zeroed, and the key epoch once it is not 0 (macInput).
 func headerMAC(raw *[HeaderSize]byte, mk *MasterKey) []byte {
 	key := mk.headerMACKey()
 	defer key.Wipe()
 	h := newKeyedHash()
 	defer h.wipe()
 	mac := make([]byte, hmacSize)
-	h.sum(mac, key.Bytes(), authenticatedPrefix(raw, offMAC))
+	h.sum(mac, key.Bytes(), macInput(raw))
 	return mac
 }
 

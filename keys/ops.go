@@ -151,8 +151,8 @@ func DelKey(p provider.Provider, slot int, force bool) error {
 	})
 }
 
-// Kill destroys every keyslot in both header copies, so nothing can unlock the volume any
-// more; the rest of the header stays, so eli dump still says what the provider was. A
+// Kill destroys every keyslot in both header copies, and a re-encryption's previous
+// master key, so nothing can unlock the volume any more; the rest of the header stays, so eli dump still says what the provider was. A
 // copy that is corrupt but still carries the magic and version 1 or 2 gets its keyslot area
 // zeroed in place. Kill refuses a provider with no eli header (ErrNotELI) or only one of
 // an unknown version (ErrVersion), whose keyslot area it cannot know.
@@ -165,6 +165,7 @@ func Kill(p provider.Provider) error {
 	if herr == nil {
 		raw := h.raw
 		clear(raw[offSlots:offReserved])
+		clearReencryption(&raw) // the previous master key too
 		return writeBoth(p, h, &raw, h.Sequence)
 	}
 	if errors.Is(herr, ErrNotELI) || errors.Is(herr, ErrVersion) || kindOf(herr) == nil {
@@ -175,7 +176,7 @@ func Kill(p provider.Provider) error {
 		if c.raw == nil || !bytes.HasPrefix(c.raw, magic[:]) || !knownVersion(binary.LittleEndian.Uint32(c.raw[offVersion:])) {
 			continue
 		}
-		if _, err := p.WriteAt(make([]byte, offReserved-offSlots), c.off+offSlots); err != nil {
+		if _, err := p.WriteAt(make([]byte, offAreaEnd-offSlots), c.off+offSlots); err != nil {
 			return fmt.Errorf("zero the keyslots of header copy %s: %w", c.which, err)
 		}
 		killed = true
@@ -196,7 +197,9 @@ func Kill(p provider.Provider) error {
 // (ErrTooSmall; never overridden: no reader would accept the result). Unless force, it
 // must also belong to the volume of any header copy p holds now (ErrOtherVolume), and
 // have been made when the provider had its present size (ErrSizeMismatch: restoring a
-// header from before a resize would hide the grown part).
+// header from before a resize would hide the grown part), and hold no master key that
+// a re-encryption has moved the data off since (ErrOldKeys: a backup of an older key
+// epoch, or one made during a re-encryption that has finished).
 func Restore(p provider.Provider, backup []byte, force bool) error {
 	hb, err := Decode(backup)
 	if err != nil {
@@ -217,6 +220,9 @@ func Restore(p provider.Provider, backup []byte, force bool) error {
 		seqs = append(seqs, c.h.Sequence)
 		if id := c.h.rawVolumeID(); !force && id != hb.rawVolumeID() {
 			return newError(ErrOtherVolume, "the backup belongs to volume %x, but header copy %s of the provider is of volume %x", hb.rawVolumeID(), c.which, id)
+		}
+		if err := staleBackup(hb.Reencryption(), c.h.Reencryption()); err != nil && !force {
+			return err
 		}
 	}
 	if !force && hb.ProviderSize != p.Size() {
