@@ -30,6 +30,7 @@ type authEngine struct {
 	batches batcher
 	commits committer
 	fresh   freshness
+	sweep   sweepState // of a re-encryption (reencrypt.go)
 
 	rec       Recovery
 	overrides map[uint64]record // read-only recovery in memory; immutable after Open
@@ -45,15 +46,24 @@ func openAuthenticated(c *core, cfg Config) (*authEngine, error) {
 		return &r
 	}
 	if err := a.open(cfg); err != nil {
-		a.keys.wipeJournal()
+		a.keys.wipeJournals()
 		return nil, fmt.Errorf("open device: %w", err)
 	}
 	return a, nil
 }
 
 func (a *authEngine) open(cfg Config) error {
-	if err := a.keys.setJournalKey(cfg.JournalKey); err != nil {
+	if err := a.keys.cur.setJournalKey(cfg.JournalKey); err != nil {
 		return err
+	}
+	if r := cfg.Reencrypt; r != nil {
+		prev, err := prevKeySet(a.l, a.keys.cur.codec, *r)
+		if err != nil {
+			return err
+		}
+		if err := a.startReencrypt(prev, *r, false); err != nil {
+			return err
+		}
 	}
 	rnd := cfg.rand
 	if rnd == nil {
@@ -208,7 +218,7 @@ func (a *authEngine) flush() error {
 // close stops the committer once it has committed what is pending, leaves an empty
 // journal, and wipes the journal key.
 func (a *authEngine) close() error {
-	defer a.keys.wipeJournal()
+	defer a.keys.wipeJournals()
 	if a.ro {
 		return nil
 	}

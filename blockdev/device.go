@@ -91,6 +91,11 @@ type Config struct {
 	// share a report); the Flush returns after it. It must not call the Device.
 	OnFlushed func(gen uint64, root [32]byte)
 
+	// Reencrypt, when the volume's header says a re-encryption is under way, gives the
+	// previous key and where the sweep stands (reencrypt.go). Codec and JournalKey are
+	// then the current keys.
+	Reencrypt *Reencrypt
+
 	// rand replaces crypto/rand for journal nonces: tests that write golden volumes.
 	rand io.Reader
 }
@@ -187,10 +192,9 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("open device: %d sectors overflow the size", l.Sectors)
 	}
 	// Every request goes to the codec as runs of sectors; sector's codecs all take them.
-	runs, _ := c.(sector.MetaRunner)
-	plainRuns, _ := c.(sector.Runner)
-	if (c.MetaSize() > 0 && runs == nil) || (c.MetaSize() == 0 && plainRuns == nil) {
-		return nil, fmt.Errorf("open device: codec %s does not take runs of sectors (sector.MetaRunner or sector.Runner)", c.Mode())
+	cur, err := newKeySet(c)
+	if err != nil {
+		return nil, fmt.Errorf("open device: %w", err)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -198,7 +202,7 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	}
 	d := &Device{core: core{
 		p: p, caps: provider.CapabilitiesOf(p), l: l, geo: newGeometry(l), ro: cfg.ReadOnly, log: log,
-		keys: keyring{codec: c, meta: runs, plain: plainRuns},
+		keys: keyring{cur: cur},
 		s:    l.SectorSize, size: l.Size(),
 	}}
 	if d.caps.Punch {
@@ -219,7 +223,18 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 	}
 	d.workers = newWorkers(max(0, n))
 	if !l.Authenticated() {
-		d.eng = newPlainEngine(&d.core)
+		e := newPlainEngine(&d.core)
+		if r := cfg.Reencrypt; r != nil {
+			prev, err := prevKeySet(l, c, *r)
+			if err == nil {
+				err = e.startReencrypt(prev, *r, false)
+			}
+			if err != nil {
+				d.workers.stop()
+				return nil, fmt.Errorf("open device: re-encryption: %w", err)
+			}
+		}
+		d.eng = e
 		return d, nil
 	}
 	a, err := openAuthenticated(&d.core, cfg)

@@ -533,13 +533,13 @@ func TestCloseWipesJournalKey(t *testing.T) {
 	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, 300)
 	d := v.open(t)
 	k := &authOf(d).keys
-	aead := k.journal
+	aead := k.cur.journal
 	nonce := make([]byte, aead.NonceSize())
 	sealed := aead.Seal(nil, nonce, []byte("journal"), nil)
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if k.journal != nil {
+	if k.cur.journal != nil {
 		t.Fatal("the keyring still holds the journal cipher after Close")
 	}
 	if _, err := aead.Open(nil, nonce, sealed, nil); err == nil {

@@ -105,7 +105,7 @@ func (j *journal) encode2(entries []journalEntry, root [32]byte) ([]byte, int64,
 		p = append(p, e.old[:]...)
 		p = append(p, e.new[:]...)
 	}
-	j.keys.journal.Seal(p[:0], nonce, p, b[:journal2ADLen])
+	j.keys.cur.journal.Seal(p[:0], nonce, p, b[:journal2ADLen])
 	return b, j.l.JournalSlotOffset(int(j.gen % 2)), nil
 }
 
@@ -135,7 +135,7 @@ func (j *journal) encode1(entries []journalEntry) ([]byte, error) {
 		p = append(p, e.old[:]...)
 		p = append(p, e.new[:]...)
 	}
-	j.keys.journal.Seal(p[:0], nonce, p, b[:journalADLen])
+	j.keys.cur.journal.Seal(p[:0], nonce, p, b[:journalADLen])
 	return b, nil
 }
 
@@ -176,7 +176,7 @@ func (j *journal) read(r io.ReaderAt, sectors uint64) ([]journalEntry, error) {
 		return nil, fmt.Errorf("read journal entries: %w", err)
 	}
 	nonce := b[journalNonceOff : journalNonceOff+chacha20poly1305.NonceSizeX]
-	plain, err := j.keys.journal.Open(b[journalHeaderLen:journalHeaderLen], nonce, b[journalHeaderLen:], b[:journalADLen])
+	plain, err := j.keys.openJournal(b[journalHeaderLen:], nonce, b[:journalADLen])
 	if err != nil {
 		return nil, fmt.Errorf("%w (sequence %d, %d entries)", errJournalTorn, seq, count)
 	}
@@ -255,7 +255,7 @@ func (j *journal) readSlot(r io.ReaderAt, k int, sectors uint64) (slotState, err
 		return slotState{}, fmt.Errorf("read journal slot %d entries: %w", k, err)
 	}
 	nonce := b[journal2NonceOff : journal2NonceOff+chacha20poly1305.NonceSizeX]
-	plain, err := j.keys.journal.Open(b[journal2HeaderLen:journal2HeaderLen], nonce, b[journal2HeaderLen:], b[:journal2ADLen])
+	plain, err := j.keys.openJournal(b[journal2HeaderLen:], nonce, b[:journal2ADLen])
 	if err != nil {
 		return slotState{state: "torn", detail: fmt.Sprintf("generation %d, %d entries: does not open", gen, count)}, nil
 	}

@@ -12,8 +12,12 @@ import (
 // modes promise no more).
 //
 // Whole sectors go to the codec a chunk (chunkSectors) at a time through sector.Runner.
+// During a re-encryption (plain_reencrypt.go) a request holds the re-encryption's lock
+// shared, and each run of its sectors goes to the key its position says.
 type plainEngine struct {
 	*core
+	re    *plainReenc // non-nil while a re-encryption is under way; changed under the gate
+	sweep sweepState
 }
 
 func newPlainEngine(c *core) *plainEngine { return &plainEngine{core: c} }
@@ -39,16 +43,62 @@ func (e *plainEngine) recovery() Recovery { return Recovery{Journal: "none"} }
 
 func (e *plainEngine) cacheStats(st *Stats) {}
 
+// keyRuns calls fn for each run [lo, hi) of sectors first+lo… (hi ≤ n) under one key set,
+// in order. Without a re-encryption that is one run under the current keys.
+func (e *plainEngine) keyRuns(first uint64, n int, fn func(lo, hi int, ks *keySet) error) error {
+	if e.re == nil {
+		return fn(0, n, &e.keys.cur)
+	}
+	for k := 0; k < n; {
+		cur := e.re.current(first + uint64(k))
+		j := k + 1
+		for j < n && e.re.current(first+uint64(j)) == cur {
+			j++
+		}
+		ks := &e.keys.cur
+		if !cur {
+			ks = e.keys.prev
+		}
+		if err := fn(k, j, ks); err != nil {
+			return err
+		}
+		k = j
+	}
+	return nil
+}
+
 func (e *plainEngine) readSectors(dst []byte, first uint64, n int) error {
+	if e.re != nil {
+		if err := e.re.enter(first, uint64(n)); err != nil {
+			return err
+		}
+		defer e.re.leave()
+	}
+	return e.readKeyed(dst, first, n)
+}
+
+// readKeyed is readSectors for a caller that holds the re-encryption's lock, if any.
+func (e *plainEngine) readKeyed(dst []byte, first uint64, n int) error {
 	// Each chunk is read and decrypted by one worker, while it is in that core's cache.
 	return e.workers.runRead(n, e.chunkSectors, func(lo, hi int) error {
 		chunk := dst[lo*e.s : hi*e.s]
 		if _, err := e.p.ReadAt(chunk, e.geo.dataPos(first+uint64(lo))); err != nil {
 			return fmt.Errorf("read sectors %d-%d: %w", first+uint64(lo), first+uint64(hi-1), err)
 		}
-		if err := e.keys.plain.OpenRun(first+uint64(lo), chunk, chunk); err != nil {
-			return fmt.Errorf("read: %w", err)
-		}
+		return e.keyRuns(first+uint64(lo), hi-lo, func(a, b int, ks *keySet) error {
+			part := chunk[a*e.s : b*e.s]
+			if err := ks.plain.OpenRun(first+uint64(lo+a), part, part); err != nil {
+				return fmt.Errorf("read: %w", err)
+			}
+			return nil
+		})
+	})
+}
+
+// sealRun encrypts the n sectors of src, first…, into dst, each run under its key.
+func (e *plainEngine) sealRun(first uint64, dst, src []byte, n int) {
+	_ = e.keyRuns(first, n, func(a, b int, ks *keySet) error {
+		ks.plain.SealRun(first+uint64(a), dst[a*e.s:b*e.s], src[a*e.s:b*e.s])
 		return nil
 	})
 }
@@ -57,22 +107,41 @@ func (e *plainEngine) readSectors(dst []byte, first uint64, n int) error {
 func (e *plainEngine) seal(buf []byte, first uint64, n int) {
 	e.workers.run(n, e.chunkSectors, func(lo, hi int) error {
 		chunk := buf[lo*e.s : hi*e.s]
-		e.keys.plain.SealRun(first+uint64(lo), chunk, chunk)
+		e.sealRun(first+uint64(lo), chunk, chunk, hi-lo)
 		return nil
 	})
 }
 
+// enter takes the re-encryption's lock for the sectors of [off, off+length), if one is
+// under way, and returns what releases it.
+func (e *plainEngine) enter(off, length int64) (func(), error) {
+	if e.re == nil || length <= 0 {
+		return func() {}, nil
+	}
+	s := int64(e.s)
+	first, end := off/s, (off+length+s-1)/s
+	if err := e.re.enter(uint64(first), uint64(end-first)); err != nil {
+		return nil, err
+	}
+	return e.re.leave, nil
+}
+
 func (e *plainEngine) writeAt(p []byte, off int64, flags Flags) error {
+	leave, err := e.enter(off, int64(len(p)))
+	if err != nil {
+		return err
+	}
+	defer leave()
 	// Mode none's ciphertext is the plaintext: the caller's buffer goes to the provider
 	// as it is, without a copy (about an eighth of mode none's CPU per byte written;
-	// docs/benchmarks.md).
-	none := e.keys.codec.Mode() == sector.ModeNone
+	// docs/benchmarks.md). Not while some sectors may be under another key.
+	none := e.keys.cur.codec.Mode() == sector.ModeNone && e.re == nil
 	var bp *[]byte
 	if !none {
 		bp = e.getBuf()
 		defer e.putBuf(bp)
 	}
-	err := e.forSectors(p, off, func(p []byte, first uint64, n int) error {
+	err = e.forSectors(p, off, func(p []byte, first uint64, n int) error {
 		if none {
 			return e.writeSealed(p, first, n)
 		}
@@ -80,7 +149,7 @@ func (e *plainEngine) writeAt(p []byte, off int64, flags Flags) error {
 		// Encrypt from the caller's buffer, which must stay as it is, a chunk at a time:
 		// a run lets xchacha*-xts derive its per-sector subkeys in batches.
 		e.workers.run(n, e.chunkSectors, func(lo, hi int) error {
-			e.keys.plain.SealRun(first+uint64(lo), buf[lo*e.s:hi*e.s], p[lo*e.s:hi*e.s])
+			e.sealRun(first+uint64(lo), buf[lo*e.s:hi*e.s], p[lo*e.s:hi*e.s], hi-lo)
 			return nil
 		})
 		return e.writeSealed(buf, first, n)
@@ -108,17 +177,19 @@ func (e *plainEngine) writeSealed(buf []byte, first uint64, n int) error {
 	return nil
 }
 
+// writePartial is a read-modify-write of sector i; the caller holds the re-encryption's
+// lock, if any, which comes before the sector's.
 func (e *plainEngine) writePartial(i uint64, o int, part []byte) error {
 	bp := e.getBuf()
 	defer e.putBuf(bp)
 	buf := (*bp)[:e.s]
 	e.locks.lock(i, 1)
 	defer e.locks.unlock(i, 1)
-	if err := e.readSectors(buf, i, 1); err != nil {
+	if err := e.readKeyed(buf, i, 1); err != nil {
 		return err
 	}
 	copy(buf[o:], part)
-	e.keys.codec.Seal(i, buf, nil)
+	e.sealRun(i, buf, buf, 1)
 	if _, err := e.p.WriteAt(buf, e.geo.dataPos(i)); err != nil {
 		return fmt.Errorf("write sector %d: %w", i, err)
 	}
@@ -130,6 +201,12 @@ func (e *plainEngine) writePartial(i uint64, o int, part []byte) error {
 func (e *plainEngine) trim(first, n uint64, flags Flags) error {
 	if e.puncher == nil {
 		return nil
+	}
+	if e.re != nil {
+		if err := e.re.enter(first, n); err != nil {
+			return err
+		}
+		defer e.re.leave()
 	}
 	if err := e.puncher.Punch(e.geo.dataPos(first), int64(n)*int64(e.s)); err != nil {
 		return fmt.Errorf("trim sectors %d-%d: %w", first, first+n-1, err)
@@ -143,9 +220,14 @@ func (e *plainEngine) trim(first, n uint64, flags Flags) error {
 // writeZeroes writes encrypted zeroes. Only mode none, whose zero plaintext is zero
 // ciphertext, can punch instead, and only whole sectors.
 func (e *plainEngine) writeZeroes(off, length int64, flags Flags) error {
+	leave, err := e.enter(off, length)
+	if err != nil {
+		return err
+	}
+	defer leave()
 	pu := e.puncher
 	s := int64(e.s)
-	canPunch := pu != nil && e.keys.codec.Mode() == sector.ModeNone && flags&NoHole == 0
+	canPunch := pu != nil && e.keys.cur.codec.Mode() == sector.ModeNone && e.re == nil && flags&NoHole == 0
 	if flags&FastZero != 0 && (!canPunch || off%s != 0 || length%s != 0) {
 		return ErrSlowZero
 	}

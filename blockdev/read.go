@@ -75,6 +75,18 @@ var readScratchPool = sync.Pool{New: func() any { return new(readScratch) }}
 // readSectors reads n whole sectors (n ≤ pieceSectors) starting at first into dst
 // (n·S bytes, no spare capacity needed).
 func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
+	return a.read(dst, first, n, nil)
+}
+
+// readOut is what a re-encryption's sweep learns from a read besides the plaintext.
+type readOut struct {
+	prev []bool   // by position: the sector opened under the previous key
+	bad  []uint64 // sectors that open under no key, in order (not an error then)
+}
+
+// read is readSectors; with out, it also says which sectors opened under the previous
+// key, and lists those that fail in out.bad instead of failing the read.
+func (a *authEngine) read(dst []byte, first uint64, n int, out *readOut) error {
 	rs := readScratchPool.Get().(*readScratch)
 	defer readScratchPool.Put(rs)
 	if cap(rs.src) < n {
@@ -83,6 +95,10 @@ func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 	}
 	src, recs := rs.src[:n], rs.recs[:n*layout.RecordSize]
 	defer a.dropRefs(src)
+	var prev []bool // nil unless out
+	if out != nil {
+		prev = out.prev[:n]
+	}
 	var moved []int
 	for attempt := 0; ; attempt++ {
 		locked := attempt >= 2
@@ -91,6 +107,7 @@ func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 		}
 		seen := a.classify(first, src)
 		rs.bad = rs.bad[:0]
+		clear(prev)
 		err := a.fetchRecords(first, src, recs)
 		if err == nil {
 			// Each chunk reads its sectors from the provider and opens them at once, while
@@ -98,11 +115,11 @@ func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 			// since a commit may have rewritten the sector under the read.
 			if n <= a.chunkSectors { // as in sealInsert: no pool, no closure
 				var bad []uint64
-				bad, err = a.readOpen(dst, first, src, recs, 0, n)
+				bad, err = a.readOpen(dst, first, src, recs, 0, n, prev)
 				rs.noteBad(bad)
 			} else {
 				err = a.workers.runRead(n, a.chunkSectors, func(lo, hi int) error {
-					bad, err := a.readOpen(dst, first, src, recs, lo, hi)
+					bad, err := a.readOpen(dst, first, src, recs, lo, hi, prev)
 					rs.noteBad(bad)
 					return err
 				})
@@ -128,7 +145,10 @@ func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 	for _, k := range moved {
 		i := first + uint64(k)
 		rs.bad = slices.DeleteFunc(rs.bad, func(b uint64) bool { return b == i })
-		bad, err := a.openRuns(dst, first, src, recs, k, k+1)
+		if prev != nil {
+			prev[k] = false
+		}
+		bad, err := a.openRuns(dst, first, src, recs, k, k+1, prev)
 		if err != nil {
 			return err
 		}
@@ -142,6 +162,10 @@ func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 		if firstErr == nil {
 			firstErr = &SectorError{Sector: i, Offset: int64(i) * int64(a.s), Err: serr}
 		}
+	}
+	if out != nil {
+		out.bad = append(out.bad[:0], rs.bad...)
+		return nil
 	}
 	return firstErr
 }
@@ -232,8 +256,8 @@ func (a *authEngine) fetchRecords(first uint64, src []source, recs []byte) error
 
 // readOpen reads sectors [lo, hi) that are in no batch and have a record from the
 // provider (one ReadAt per run of them within a group), then opens [lo, hi) in place. It
-// returns the sectors that failed to open.
-func (a *authEngine) readOpen(dst []byte, first uint64, src []source, recs []byte, lo, hi int) ([]uint64, error) {
+// returns the sectors that failed to open; prev (if not nil) is openRuns'.
+func (a *authEngine) readOpen(dst []byte, first uint64, src []source, recs []byte, lo, hi int, prev []bool) ([]uint64, error) {
 	for x := lo; x < hi; {
 		if src[x].kind != srcDisk || src[x].rec.isZero() {
 			x++
@@ -250,14 +274,15 @@ func (a *authEngine) readOpen(dst []byte, first uint64, src []source, recs []byt
 		}
 		x = y
 	}
-	return a.openRuns(dst, first, src, recs, lo, hi)
+	return a.openRuns(dst, first, src, recs, lo, hi, prev)
 }
 
 // openRuns turns sectors [lo, hi) of dst into plaintext: batch sectors are copied from
 // their slab, then one OpenRunMeta per run of sectors that have a record (recs lined up by
 // fetchRecords). It returns the sectors that fail authentication (their bytes in dst are
-// zeroed).
-func (a *authEngine) openRuns(dst []byte, first uint64, src []source, recs []byte, lo, hi int) ([]uint64, error) {
+// zeroed). During a re-encryption a sector may be sealed under either key (openTwoKeys);
+// prev, if not nil, is set for the sectors that opened under the previous one.
+func (a *authEngine) openRuns(dst []byte, first uint64, src []source, recs []byte, lo, hi int, prev []bool) ([]uint64, error) {
 	s := a.s
 	const rs = layout.RecordSize
 	var bad []uint64
@@ -275,7 +300,15 @@ func (a *authEngine) openRuns(dst []byte, first uint64, src []source, recs []byt
 				copy(recs[j*rs:(j+1)*rs], sc.rec[:])
 			}
 		}
-		err := a.keys.meta.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
+		if a.keys.prev != nil {
+			var err error
+			if bad, err = a.openTwoKeys(dst, first, src, recs, k, j, prev, bad); err != nil {
+				return bad, err
+			}
+			k = j
+			continue
+		}
+		err := a.keys.cur.meta.OpenRunMeta(first+uint64(k), dst[k*s:j*s], dst[k*s:j*s], recs[k*rs:j*rs])
 		if err != nil {
 			var ae *sector.RunAuthError
 			if !errors.As(err, &ae) {
@@ -284,6 +317,67 @@ func (a *authEngine) openRuns(dst []byte, first uint64, src []source, recs []byt
 			bad = append(bad, ae.Sectors...)
 		}
 		k = j
+	}
+	return bad, nil
+}
+
+// openTwoKeys opens the run [k, j) of sectors that have a record during a re-encryption,
+// when each may be sealed under the current key or the previous one: a tag verifies under
+// the wrong key with negligible probability, so the key that opens a sector is the one
+// that sealed it. Each part of the run tries first the key that most of its sectors have
+// (the current one below the sweep's cursor, the previous one from there), then the other
+// for those that fail, from their ciphertext again: the first try zeroed it (the batch's
+// copy for a batch sector, the provider's otherwise, read within the same attempt, so the
+// reader's second look covers it). It appends to bad the sectors that open under neither.
+func (a *authEngine) openTwoKeys(dst []byte, first uint64, src []source, recs []byte, k, j int, prev []bool, bad []uint64) ([]uint64, error) {
+	s := a.s
+	const rs = layout.RecordSize
+	cursor := a.sweep.cursor.Load()
+	for k < j {
+		end, prevFirst := j, first+uint64(k) >= cursor
+		if !prevFirst && first+uint64(j) > cursor {
+			end = int(cursor - first) // the part below the cursor
+		}
+		one, other := &a.keys.cur, a.keys.prev
+		if prevFirst {
+			one, other = other, one
+		}
+		var failed []uint64
+		if err := one.meta.OpenRunMeta(first+uint64(k), dst[k*s:end*s], dst[k*s:end*s], recs[k*rs:end*rs]); err != nil {
+			var ae *sector.RunAuthError
+			if !errors.As(err, &ae) {
+				return bad, fmt.Errorf("open sectors %d-%d: %w", first+uint64(k), first+uint64(end-1), err)
+			}
+			failed = ae.Sectors
+		}
+		if prev != nil && prevFirst {
+			for x := k; x < end; x++ {
+				prev[x] = true
+			}
+		}
+		for _, i := range failed {
+			x := int(i - first)
+			buf := dst[x*s : (x+1)*s]
+			if sc := &src[x]; sc.kind == srcBatch {
+				copy(buf, sc.slab.buf[sc.off:int(sc.off)+s])
+			} else if _, err := a.p.ReadAt(buf, a.geo.dataPos(i)); err != nil {
+				return bad, fmt.Errorf("read sector %d: %w", i, err)
+			}
+			if prev != nil {
+				prev[x] = !prevFirst
+			}
+			if err := other.codec.Open(i, buf, recs[x*rs:(x+1)*rs]); err != nil {
+				if !errors.Is(err, sector.ErrAuth) {
+					return bad, fmt.Errorf("open sector %d: %w", i, err)
+				}
+				clear(buf)
+				if prev != nil {
+					prev[x] = false
+				}
+				bad = append(bad, i)
+			}
+		}
+		k = end
 	}
 	return bad, nil
 }

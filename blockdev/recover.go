@@ -104,21 +104,30 @@ func (a *authEngine) choose(e journalEntry, buf []byte) (record, error) {
 	return r, err
 }
 
-// decide is choose without the count.
+// decide is choose without the count. During a re-encryption the new record may be
+// under either key (a round committed before the re-encryption began, or after), so the
+// data must open with it under one of them.
 func (a *authEngine) decide(e journalEntry, buf []byte) (record, error) {
 	if e.new.isZero() {
 		return e.new, nil
 	}
 	defer clear(buf)
-	if _, err := a.p.ReadAt(buf, a.geo.dataPos(e.index)); err != nil {
-		return record{}, fmt.Errorf("read sector %d: %w", e.index, err)
+	sets := []*keySet{&a.keys.cur}
+	if a.keys.prev != nil {
+		sets = append(sets, a.keys.prev)
 	}
-	err := a.keys.codec.Open(e.index, buf, e.new[:])
-	switch {
-	case err == nil:
-		return e.new, nil
-	case errors.Is(err, sector.ErrAuth):
-		return e.old, nil
+	for _, k := range sets {
+		// Read for each try: a failed open leaves buf unspecified.
+		if _, err := a.p.ReadAt(buf, a.geo.dataPos(e.index)); err != nil {
+			return record{}, fmt.Errorf("read sector %d: %w", e.index, err)
+		}
+		err := k.codec.Open(e.index, buf, e.new[:])
+		switch {
+		case err == nil:
+			return e.new, nil
+		case !errors.Is(err, sector.ErrAuth):
+			return record{}, fmt.Errorf("open sector %d: %w", e.index, err)
+		}
 	}
-	return record{}, fmt.Errorf("open sector %d: %w", e.index, err)
+	return e.old, nil
 }

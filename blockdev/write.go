@@ -56,10 +56,10 @@ func (a *authEngine) sealInsert(sl *slab, base int, p []byte, first uint64, n in
 	if n <= a.chunkSectors {
 		// One chunk needs no pool, and this path no closure, which would escape to
 		// the heap on every small write.
-		a.keys.meta.SealRunMeta(first, dst, p[:n*s], recordBytes(recs))
+		a.keys.cur.meta.SealRunMeta(first, dst, p[:n*s], recordBytes(recs))
 	} else {
 		a.workers.run(n, a.chunkSectors, func(lo, hi int) error {
-			a.keys.meta.SealRunMeta(first+uint64(lo), dst[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
+			a.keys.cur.meta.SealRunMeta(first+uint64(lo), dst[lo*s:hi*s], p[lo*s:hi*s], recordBytes(recs[lo:hi]))
 			return nil
 		})
 	}
@@ -88,7 +88,7 @@ func (a *authEngine) writePartial(i uint64, o int, part []byte) (uint64, error) 
 	}
 	copy(sl.buf[o:a.s], part)
 	var rec [1]record
-	a.keys.codec.Seal(i, sl.buf[:a.s], rec[0][:])
+	a.keys.cur.codec.Seal(i, sl.buf[:a.s], rec[0][:])
 	seq := a.batches.insert(i, 1, sl, 0, rec[:], cost)
 	slabs.release(sl)
 	return seq, nil

@@ -20,6 +20,11 @@ const (
 	// HeaderRegionLen is header copy A plus the reserved area; the journal (or, without
 	// one, the data area) starts right after it.
 	HeaderRegionLen = 65536
+	// HotzoneOffset and HotzoneLen place the hotzone of a length-preserving mode's
+	// re-encryption in the reserved area after header copy A (and after a remote
+	// provider's ownership block at 4096): two slots of HotzoneLen/2 bytes.
+	HotzoneOffset = 8192
+	HotzoneLen    = HeaderRegionLen - HotzoneOffset
 	// Align is the unit of the journal's length and of the data area's start and end.
 	Align = 65536
 	// DefaultJournalLen holds about 23800 entries (a 93 MiB batch of 4 KiB sectors).

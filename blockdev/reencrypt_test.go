@@ -1,0 +1,195 @@
+package blockdev
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/elidisk/eli/layout"
+	"github.com/elidisk/eli/sector"
+)
+
+var (
+	testDataKey2    = seqBytes(0x61, 64)
+	testJournalKey2 = bytes.Repeat([]byte{0x2b}, 32)
+)
+
+// codecWithKey is newCodec under another data key (the real codecs only).
+func codecWithKey(t testing.TB, mode sector.Mode, sectorSize int, key []byte) sector.Codec {
+	t.Helper()
+	c, err := sector.New(sector.Params{Mode: mode, SectorSize: sectorSize, Key: key[:mode.KeySize()], VolumeID: testVolumeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+type reencCase struct {
+	name     string
+	version  uint32
+	from, to sector.Mode
+	s        int
+	n        uint64
+}
+
+var reencCases = []reencCase{
+	{"xchacha-v1", 0, sector.ModeXChaCha20Poly1305, sector.ModeXChaCha20Poly1305, 512, 700},
+	{"xchacha-v2", layout.Version2, sector.ModeXChaCha20Poly1305, sector.ModeXChaCha20Poly1305, 4096, 300},
+	{"aes-xts", 0, sector.ModeAESXTS256, sector.ModeAESXTS256, 512, 5000},
+	{"none-to-aes128-xts", 0, sector.ModeNone, sector.ModeAESXTS128, 4096, 900},
+}
+
+// TestReencryptOnline: a re-encryption started on a live device moves every sector to
+// the new key while writes, trims and reads go on, and the volume then opens with the new
+// keys alone, every sector as the model says.
+func TestReencryptOnline(t *testing.T) {
+	t.Parallel()
+	for _, tc := range reencCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l, size := layoutForVersion(t, tc.version, tc.from, tc.s, tc.n, layout.Align)
+			mem := newMem(size)
+			if err := Format(mem, l); err != nil {
+				t.Fatal(err)
+			}
+			old := codecWithKey(t, tc.from, tc.s, testDataKey)
+			cfg := Config{Layout: l, Codec: old, JournalKey: testJournalKey, Logger: testLogger(t)}
+			d, err := Open(mem, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(uint64(tc.n), 7))
+			model := make([]byte, d.Size())
+			trims := true
+			op := func() {
+				off := rng.Int64N(d.Size())
+				n := min(1+rng.Int64N(int64(9*tc.s)), d.Size()-off)
+				switch rng.IntN(5) {
+				case 0:
+					if !trims {
+						return
+					}
+					if err := d.Trim(off, n, 0); err != nil {
+						t.Fatal(err)
+					}
+					if l.Authenticated() {
+						s := int64(tc.s)
+						if first, end := (off+s-1)/s, (off+n)/s; end > first {
+							clear(model[first*s : end*s])
+						}
+					}
+				case 1:
+					got := make([]byte, n)
+					if err := d.ReadAt(got, off); err != nil {
+						t.Fatal(err)
+					}
+					if l.Authenticated() && !bytes.Equal(got, model[off:off+n]) {
+						t.Fatalf("read %d@%d differs from the model", n, off)
+					}
+				default:
+					p := make([]byte, n)
+					randFill(rng, p)
+					copy(model[off:], p)
+					if err := d.WriteAt(p, off, 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for range 60 {
+				op()
+			}
+			if !l.Authenticated() {
+				// Trimmed sectors of length-preserving modes read as anything: the model
+				// is what the device reads now.
+				if err := d.ReadAt(model, 0); err != nil {
+					t.Fatal(err)
+				}
+				trims = false
+			}
+			if err := d.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			neu := codecWithKey(t, tc.to, tc.s, testDataKey2)
+			if err := d.StartReencrypt(neu, testJournalKey2, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.StartReencrypt(neu, testJournalKey2, 1); !errors.Is(err, ErrReencrypting) {
+				t.Fatalf("a second start: %v", err)
+			}
+			if err := d.FinishSweep(); !errors.Is(err, ErrSweepNotDone) {
+				t.Fatalf("finish before the end: %v", err)
+			}
+			for {
+				st, err := d.Sweep(uint64(1 + rng.IntN(200)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for range 3 {
+					op()
+				}
+				if st.Cursor == st.Sectors {
+					break
+				}
+			}
+			if err := d.ForgetPrevious(); !errors.Is(err, ErrSweepNotDone) {
+				t.Fatalf("forget before finishing: %v", err)
+			}
+			if err := d.FinishSweep(); err != nil {
+				t.Fatal(err)
+			}
+			st := d.Reencryption()
+			if !st.Done || st.Moved == 0 || st.Unreadable != 0 {
+				t.Fatalf("status %+v", st)
+			}
+			if err := d.ForgetPrevious(); err != nil {
+				t.Fatal(err)
+			}
+			if st := d.Reencryption(); st.Active {
+				t.Fatalf("still active: %+v", st)
+			}
+			got := make([]byte, d.Size())
+			if err := d.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
+				for i := 0; i < len(got); i += tc.s {
+					if !bytes.Equal(got[i:i+tc.s], model[i:i+tc.s]) {
+						t.Logf("sector %d differs", i/tc.s)
+					}
+				}
+				t.Fatalf("read after the re-encryption: %v, equal %v", err, bytes.Equal(got, model))
+			}
+			if err := d.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// The new keys alone open every sector.
+			cfg2 := Config{Layout: l, Codec: neu, JournalKey: testJournalKey2, Logger: testLogger(t)}
+			cfg2.Layout.Mode = tc.to
+			d2, err := Open(mem, cfg2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d2.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
+				t.Fatalf("read with the new key alone: %v, equal %v", err, bytes.Equal(got, model))
+			}
+			d2.Close()
+			// The old keys open nothing that was written.
+			if l.Authenticated() {
+				d3, err := Open(mem, cfg)
+				if l.Tree() {
+					// Version 2: no journal slot opens under the old key, so nothing
+					// authenticates the tree.
+					if !errors.Is(err, ErrFreshness) {
+						t.Fatalf("open with the old keys alone: %v", err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := d3.ReadAt(got, 0); !errors.Is(err, sector.ErrAuth) {
+					t.Fatalf("read with the old key alone: %v", err)
+				}
+				d3.Close()
+			}
+		})
+	}
+}
