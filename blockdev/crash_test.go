@@ -60,6 +60,8 @@ type crashModel struct {
 	ops  []crashOp
 	hist [][]histEntry // per sector: every value it took, with the op that set it
 	zero uint64        // hash of a zero sector: every sector's value before the workload
+	// initial, if not nil, is each sector's value before the workload instead of zero.
+	initial []uint64
 }
 
 type histEntry struct {
@@ -83,6 +85,9 @@ func (m *crashModel) allowed(i uint64, c int) map[uint64]bool {
 	}
 	// The durable value: the last one set before the flush, or by the FUA write itself.
 	base := m.zero
+	if m.initial != nil {
+		base = m.initial[i]
+	}
 	for _, h := range m.hist[i] {
 		if durable >= 0 && (h.op < durable || h.op == durable && m.ops[durable].fua) {
 			base = h.hash
@@ -95,6 +100,176 @@ func (m *crashModel) allowed(i uint64, c int) map[uint64]bool {
 		}
 	}
 	return set
+}
+
+// crashClient runs a seeded random client workload on a recorded device and notes each
+// operation, with the I/O events it spans, in a crashModel: overlapping, unaligned and
+// whole-sector writes (half of them given up with WriteKeep), FUA writes, flushes, trims,
+// write-zeroes and reads checked against the model.
+type crashClient struct {
+	d     *Device
+	rec   *recorder
+	rng   *rand.Rand
+	m     *crashModel
+	model []byte // what every sector holds now
+	buf   []byte
+	s     int64
+	fail  func(format string, args ...any)
+	// noTrim: length-preserving modes, where a trimmed sector reads as anything.
+	noTrim bool
+}
+
+func newCrashClient(d *Device, rec *recorder, rng *rand.Rand, sectors uint64, sectorSize int, fail func(string, ...any)) *crashClient {
+	return &crashClient{
+		d: d, rec: rec, rng: rng, fail: fail, s: int64(sectorSize),
+		m:     &crashModel{hist: make([][]histEntry, sectors), zero: sectorHash(make([]byte, sectorSize))},
+		model: make([]byte, d.Size()),
+		buf:   make([]byte, 40*sectorSize),
+	}
+}
+
+// note records op, done now, in the model.
+func (w *crashClient) note(op crashOp) {
+	m, s := w.m, w.s
+	k := len(m.ops)
+	if op.changed {
+		for i := op.first; i <= op.last && op.first <= op.last; i++ {
+			m.hist[i] = append(m.hist[i], histEntry{k, sectorHash(w.model[int64(i)*s : int64(i+1)*s])})
+		}
+	}
+	op.evEnd = w.rec.numEvents()
+	m.ops = append(m.ops, op)
+}
+
+// flush is a Flush as an operation of the model.
+func (w *crashClient) flush() {
+	op := crashOp{kind: opFlush, durableAll: true, evStart: w.rec.numEvents()}
+	if err := w.d.Flush(); err != nil {
+		w.fail("flush: %v", err)
+	}
+	w.note(op)
+}
+
+// close is the device's Close as an operation of the model.
+func (w *crashClient) close() {
+	op := crashOp{kind: opClose, durableAll: true, evStart: w.rec.numEvents()}
+	if err := w.d.Close(); err != nil {
+		w.fail("close: %v", err)
+	}
+	w.note(op)
+}
+
+// op runs one random operation.
+func (w *crashClient) op() {
+	d, rng, s, model, fail := w.d, w.rng, w.s, w.model, w.fail
+	devSize := d.Size()
+	op := crashOp{evStart: w.rec.numEvents()}
+	off := rng.Int64N(devSize)
+	var n int64
+	switch rng.IntN(4) {
+	case 0:
+		n = 1 + rng.Int64N(s) // within about a sector, often unaligned
+	case 1:
+		off = off / s * s
+		n = s * (1 + rng.Int64N(3))
+	case 2:
+		n = 1 + rng.Int64N(3*s)
+	default:
+		n = 1 + rng.Int64N(40*s) // across group boundaries
+	}
+	n = min(n, devSize-off)
+	op.off, op.n = off, n
+	op.first, op.last = uint64(off/s), uint64((off+n-1)/s)
+	switch k := rng.IntN(20); {
+	case k < 11:
+		op.kind, op.changed = opWrite, true
+		op.fua = rng.IntN(5) == 0
+		p := w.buf[:n]
+		randFill(rng, p)
+		fl := Flags(0)
+		if op.fua {
+			fl = FUA
+		}
+		copy(model[off:], p)
+		if (off/s+n)%2 == 0 {
+			// Half the writes give their buffer up (WriteKeep), to be sealed in
+			// place; the choice takes nothing from rng, so seeds replay as before.
+			if err := d.WriteKeep(bytes.Clone(p), off, fl, func() {}); err != nil {
+				fail("write: %v", err)
+			}
+		} else if err := d.WriteAt(p, off, fl); err != nil {
+			fail("write: %v", err)
+		}
+	case k < 14:
+		op.kind, op.durableAll = opFlush, true
+		if err := d.Flush(); err != nil {
+			fail("flush: %v", err)
+		}
+	case k < 16:
+		op.kind, op.changed = opTrim, true
+		op.fua = rng.IntN(4) == 0
+		first, end := (off+s-1)/s, (off+n)/s
+		if end <= first || w.noTrim {
+			op.changed = false
+		} else {
+			op.first, op.last = uint64(first), uint64(end-1)
+			clear(model[first*s : end*s])
+		}
+		fl := Flags(0)
+		if op.fua {
+			fl = FUA
+		}
+		if w.noTrim {
+			break
+		}
+		if err := d.Trim(off, n, fl); err != nil {
+			fail("trim: %v", err)
+		}
+	case k < 18:
+		op.kind, op.changed = opZero, true
+		clear(model[off : off+n])
+		if err := d.WriteZeroes(off, n, Flags(rng.IntN(2))*NoHole); err != nil {
+			fail("write zeroes: %v", err)
+		}
+	default:
+		op.kind = opRead
+		p := w.buf[:n]
+		if err := d.ReadAt(p, off); err != nil {
+			fail("read: %v", err)
+		}
+		if !bytes.Equal(p, model[off:off+n]) {
+			fail("read %d@%d differs from the model", n, off)
+		}
+	}
+	if op.fua && !op.changed {
+		op.fua = false // a FUA request that changed nothing waits for nothing
+	}
+	w.note(op)
+}
+
+// check reads every sector of d, reopened after a crash once events [0, c) were issued,
+// and fails unless each reads as a value the model allows; with tornOK a sector may fail
+// authentication instead (counted). It returns each sector's hash (0 for those that
+// failed).
+func (m *crashModel) check(d *Device, c int, stage string, tornOK bool, fail func(string, ...any)) (hashes []uint64, authErrs int) {
+	buf := make([]byte, d.SectorSize())
+	hashes = make([]uint64, len(m.hist))
+	for i := range m.hist {
+		err := d.ReadAt(buf, int64(i)*int64(len(buf)))
+		if err != nil {
+			if tornOK && errors.Is(err, sector.ErrAuth) {
+				authErrs++
+				continue
+			}
+			fail("crash point %d (%s): sector %d: %v", c, stage, i, err)
+		}
+		hashes[i] = sectorHash(buf)
+		if !m.allowed(uint64(i), c)[hashes[i]] {
+			fail("crash point %d (%s): sector %d reads as a value it never held since its last flush (%d values allowed)",
+				c, stage, i, len(m.allowed(uint64(i), c)))
+		}
+	}
+	return hashes, authErrs
 }
 
 type crashVariant struct {
@@ -263,109 +438,13 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		d.eng.(*authEngine).commits.blockPwrites = 0
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	m := &crashModel{hist: make([][]histEntry, v.sectors), zero: sectorHash(make([]byte, v.sectorSize))}
-	s := int64(v.sectorSize)
-	devSize := d.Size()
-	model := make([]byte, devSize)
-	buf := make([]byte, 40*s)
-	note := func(op crashOp) {
-		k := len(m.ops)
-		if op.changed {
-			for i := op.first; i <= op.last && op.first <= op.last; i++ {
-				m.hist[i] = append(m.hist[i], histEntry{k, sectorHash(model[int64(i)*s : int64(i+1)*s])})
-			}
-		}
-		m.ops = append(m.ops, op)
-	}
+	w := newCrashClient(d, rec, rng, v.sectors, v.sectorSize, fail)
+	m := w.m
 	const nops = 70
 	for range nops {
-		op := crashOp{evStart: rec.numEvents()}
-		off := rng.Int64N(devSize)
-		var n int64
-		switch rng.IntN(4) {
-		case 0:
-			n = 1 + rng.Int64N(s) // within about a sector, often unaligned
-		case 1:
-			off = off / s * s
-			n = s * (1 + rng.Int64N(3))
-		case 2:
-			n = 1 + rng.Int64N(3*s)
-		default:
-			n = 1 + rng.Int64N(40*s) // across group boundaries
-		}
-		n = min(n, devSize-off)
-		op.off, op.n = off, n
-		op.first, op.last = uint64(off/s), uint64((off+n-1)/s)
-		switch k := rng.IntN(20); {
-		case k < 11:
-			op.kind, op.changed = opWrite, true
-			op.fua = rng.IntN(5) == 0
-			p := buf[:n]
-			randFill(rng, p)
-			fl := Flags(0)
-			if op.fua {
-				fl = FUA
-			}
-			copy(model[off:], p)
-			if (off/s+n)%2 == 0 {
-				// Half the writes give their buffer up (WriteKeep), to be sealed in
-				// place; the choice takes nothing from rng, so seeds replay as before.
-				if err := d.WriteKeep(bytes.Clone(p), off, fl, func() {}); err != nil {
-					fail("write: %v", err)
-				}
-			} else if err := d.WriteAt(p, off, fl); err != nil {
-				fail("write: %v", err)
-			}
-		case k < 14:
-			op.kind, op.durableAll = opFlush, true
-			if err := d.Flush(); err != nil {
-				fail("flush: %v", err)
-			}
-		case k < 16:
-			op.kind, op.changed = opTrim, true
-			op.fua = rng.IntN(4) == 0
-			first, end := (off+s-1)/s, (off+n)/s
-			if end <= first {
-				op.changed = false
-			} else {
-				op.first, op.last = uint64(first), uint64(end-1)
-				clear(model[first*s : end*s])
-			}
-			fl := Flags(0)
-			if op.fua {
-				fl = FUA
-			}
-			if err := d.Trim(off, n, fl); err != nil {
-				fail("trim: %v", err)
-			}
-		case k < 18:
-			op.kind, op.changed = opZero, true
-			clear(model[off : off+n])
-			if err := d.WriteZeroes(off, n, Flags(rng.IntN(2))*NoHole); err != nil {
-				fail("write zeroes: %v", err)
-			}
-		default:
-			op.kind = opRead
-			p := buf[:n]
-			if err := d.ReadAt(p, off); err != nil {
-				fail("read: %v", err)
-			}
-			if !bytes.Equal(p, model[off:off+n]) {
-				fail("read %d@%d differs from the model", n, off)
-			}
-		}
-		op.evEnd = rec.numEvents()
-		if op.fua && !op.changed {
-			op.fua = false // a FUA request that changed nothing waits for nothing
-		}
-		note(op)
+		w.op()
 	}
-	closeOp := crashOp{kind: opClose, durableAll: true, evStart: rec.numEvents()}
-	if err := d.Close(); err != nil {
-		fail("close: %v", err)
-	}
-	closeOp.evEnd = rec.numEvents()
-	note(closeOp)
+	w.close()
 	if v.mapped {
 		// writeBlock writes a block by system call until it has written it a few times:
 		// the workload must still reach the mapped writes of metadata blocks, whose
@@ -389,35 +468,22 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		}
 	}
 
-	sectorBuf := make([]byte, s)
 	check := func(img []byte, c int, stage string) {
 		t.Helper()
 		p := &memProvider{data: img}
 		cfg2 := cfg
 		cfg2.OnFlushed = nil
-		for _, w := range witness {
-			if w.events <= c {
-				cfg2.MinGeneration = w.gen
+		for _, wit := range witness {
+			if wit.events <= c {
+				cfg2.MinGeneration = wit.gen
 			}
 		}
 		d2, err := Open(p, cfg2)
 		if err != nil {
 			fail("crash point %d (%s): reopen: %v", c, stage, err)
 		}
-		for i := range v.sectors {
-			err := d2.ReadAt(sectorBuf, int64(i)*s)
-			if err != nil {
-				if v.tornOK && errors.Is(err, sector.ErrAuth) {
-					authErrs++
-					continue
-				}
-				fail("crash point %d (%s): sector %d: %v", c, stage, i, err)
-			}
-			if !m.allowed(i, c)[sectorHash(sectorBuf)] {
-				fail("crash point %d (%s): sector %d reads as a value it never held since its last flush (%d values allowed)",
-					c, stage, i, len(m.allowed(i, c)))
-			}
-		}
+		_, n := m.check(d2, c, stage, v.tornOK, fail)
+		authErrs += n
 		if err := d2.Close(); err != nil {
 			fail("crash point %d (%s): close after recovery: %v", c, stage, err)
 		}

@@ -113,6 +113,8 @@ type Device struct {
 	// requests in flight and later requests see closed.
 	gate   sync.RWMutex
 	closed bool
+	// activity counts client requests, which a re-encryption's sweep yields to.
+	activity atomic.Uint64
 }
 
 // engine is what one family of modes does with whole sectors and with requests that the
@@ -306,8 +308,14 @@ func (d *Device) Stats() Stats {
 	return st
 }
 
-// enter starts a request; leave ends it.
+// enter starts a client request; leave ends it.
 func (d *Device) enter(write bool) error {
+	d.activity.Add(1)
+	return d.enterGate(write)
+}
+
+// enterGate is enter for the device's own work (a re-encryption's sweep).
+func (d *Device) enterGate(write bool) error {
 	d.gate.RLock()
 	if d.closed {
 		d.gate.RUnlock()

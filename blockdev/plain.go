@@ -174,7 +174,16 @@ func (e *plainEngine) writeSealed(buf []byte, first uint64, n int) error {
 	if _, err := e.p.WriteAt(buf, e.geo.dataPos(first)); err != nil {
 		return fmt.Errorf("write sectors %d-%d: %w", first, first+uint64(n-1), err)
 	}
+	e.wrote()
 	return nil
+}
+
+// wrote notes a write not synced yet, which a re-encryption's window must not checksum
+// before it is durable (plain_reencrypt.go).
+func (e *plainEngine) wrote() {
+	if e.re != nil {
+		e.re.dirty.Store(true)
+	}
 }
 
 // writePartial is a read-modify-write of sector i; the caller holds the re-encryption's
@@ -193,6 +202,7 @@ func (e *plainEngine) writePartial(i uint64, o int, part []byte) error {
 	if _, err := e.p.WriteAt(buf, e.geo.dataPos(i)); err != nil {
 		return fmt.Errorf("write sector %d: %w", i, err)
 	}
+	e.wrote()
 	return nil
 }
 
@@ -211,6 +221,7 @@ func (e *plainEngine) trim(first, n uint64, flags Flags) error {
 	if err := e.puncher.Punch(e.geo.dataPos(first), int64(n)*int64(e.s)); err != nil {
 		return fmt.Errorf("trim sectors %d-%d: %w", first, first+n-1, err)
 	}
+	e.wrote()
 	if flags&FUA != 0 {
 		return e.sync()
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // plainReenc is a length-preserving mode's re-encryption: sectors below lo are under the
@@ -19,10 +20,15 @@ type plainReenc struct {
 	err    error         // the sweep failed on the window: requests that touch it fail
 	fresh  []bool        // read-only device: window sector lo+k is under the current key
 	epoch  uint64
-	seq    uint64 // of the newest hotzone slot
-	slot   []byte // scratch for encoding slots
-	buf    []byte // the window's sectors
-	sums   []byte
+	// dirty: a client write since the sweep last synced. A window's checksums must not
+	// be durable before the ciphertext they describe: a crash would keep the slot and
+	// lose the write, and the sector's older ciphertext, not matching, would pass for
+	// one under the current key.
+	dirty atomic.Bool
+	seq   uint64 // of the newest hotzone slot
+	slot  []byte // scratch for encoding slots
+	buf   []byte // the window's sectors
+	sums  []byte
 }
 
 // plainWindowBytes bounds a window: requests that touch it wait while it is rewritten
@@ -95,8 +101,10 @@ func (e *plainEngine) startReencrypt(ks keySet, r Reencrypt, online bool) error 
 			return err
 		}
 	}
-	if r.Cursor > re.lo {
-		return fmt.Errorf("the header's re-encryption checkpoint (sector %d) is ahead of the hotzone (sector %d): the hotzone was changed on the provider", r.Cursor, re.lo)
+	if r.Cursor > re.hi {
+		// A checkpoint is taken after a window was rewritten and synced: at most the
+		// end of the newest slot's window.
+		return fmt.Errorf("the header's re-encryption checkpoint (sector %d) is ahead of the hotzone (sector %d): the hotzone was changed on the provider", r.Cursor, re.hi)
 	}
 	e.keys.prev = &ks
 	e.re = re
@@ -179,6 +187,13 @@ func (e *plainEngine) rewriteWindow(lo uint64, n int, fresh []bool) error {
 		r.buf = make([]byte, n*s)
 	}
 	buf := r.buf[:n*s]
+	// Requests that wrote the window are done (the window is busy): make them durable
+	// before their ciphertext is checksummed.
+	if r.dirty.Swap(false) {
+		if err := e.sync(); err != nil {
+			return err
+		}
+	}
 	if _, err := e.p.ReadAt(buf, e.geo.dataPos(lo)); err != nil {
 		return fmt.Errorf("read sectors %d-%d: %w", lo, lo+uint64(n-1), err)
 	}

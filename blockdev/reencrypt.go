@@ -167,7 +167,7 @@ func (d *Device) StartReencrypt(codec sector.Codec, journalKey []byte, epoch uin
 // pending batch like any write: a Flush makes it durable. In length-preserving modes a
 // step is durable when it returns.
 func (d *Device) Sweep(n uint64) (ReencryptStatus, error) {
-	if err := d.enter(true); err != nil {
+	if err := d.enterGate(true); err != nil {
 		return ReencryptStatus{}, err
 	}
 	defer d.leave()
@@ -183,7 +183,7 @@ func (d *Device) Sweep(n uint64) (ReencryptStatus, error) {
 // sector and no journal needs the previous key, and the caller may drop it from the
 // header (keys.FinishReencrypt), then call ForgetPrevious.
 func (d *Device) FinishSweep() error {
-	if err := d.enter(true); err != nil {
+	if err := d.enterGate(true); err != nil {
 		return err
 	}
 	defer d.leave()

@@ -2,9 +2,13 @@ package blockdev
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/sector"
@@ -189,6 +193,95 @@ func TestReencryptOnline(t *testing.T) {
 					t.Fatalf("read with the old key alone: %v", err)
 				}
 				d3.Close()
+			}
+		})
+	}
+}
+
+// TestReencryptConcurrentWriters: clients write whole sectors and read them back from
+// several goroutines while a Sweeper moves the volume to the new key: a sweep step is a
+// read-modify-write that must never put back a value older than a write it raced with.
+func TestReencryptConcurrentWriters(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []reencCase{
+		{"xchacha", 0, sector.ModeXChaCha20Poly1305, sector.ModeXChaCha20Poly1305, 512, 3000},
+		{"aes-xts", 0, sector.ModeAESXTS256, sector.ModeAESXTS256, 512, 3000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l, size := layoutForVersion(t, tc.version, tc.from, tc.s, tc.n, layout.Align)
+			mem := newMem(size)
+			if err := Format(mem, l); err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{Layout: l, Codec: codecWithKey(t, tc.from, tc.s, testDataKey), JournalKey: testJournalKey,
+				Logger: testLogger(t), CommitInterval: time.Millisecond}
+			d, err := Open(mem, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			model := make([]byte, d.Size())
+			randFill(rand.New(rand.NewPCG(1, 2)), model)
+			if err := d.WriteAt(model, 0, FUA); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.StartReencrypt(codecWithKey(t, tc.to, tc.s, testDataKey2), testJournalKey2, 1); err != nil {
+				t.Fatal(err)
+			}
+			sw := NewSweeper(d, SweeperConfig{StepBytes: int64(7 * tc.s), Yield: -1})
+			done := make(chan error, 1)
+			go func() { done <- sw.Run(context.Background()) }()
+			const writers = 4
+			var wg sync.WaitGroup
+			var stop atomic.Bool
+			for g := range writers {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(g), 3))
+					buf := make([]byte, tc.s)
+					for k := 0; !stop.Load() || k < 200; k++ {
+						// Mostly just ahead of the sweep, where its steps read what
+						// these writes race with.
+						i := int64(rng.IntN(int(tc.n)/writers)*writers + g)
+						if c := int64(d.Reencryption().Cursor); rng.IntN(4) != 0 && c+64 < int64(tc.n) {
+							i = (c+int64(rng.IntN(64)))/writers*writers + int64(g)
+						}
+						off := i * int64(tc.s)
+						if rng.IntN(3) == 0 {
+							if err := d.ReadAt(buf, off); err != nil {
+								t.Error(err)
+								return
+							}
+							if !bytes.Equal(buf, model[off:off+int64(tc.s)]) {
+								t.Errorf("sector %d reads other than its last write", i)
+								return
+							}
+							continue
+						}
+						randFill(rng, model[off:off+int64(tc.s)])
+						if err := d.WriteAt(model[off:off+int64(tc.s)], off, 0); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+			stop.Store(true)
+			wg.Wait()
+			if t.Failed() {
+				return
+			}
+			if st := d.Reencryption(); st.Active {
+				t.Fatalf("the sweeper ended with %+v", st)
+			}
+			got := make([]byte, d.Size())
+			if err := d.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
+				t.Fatalf("after the re-encryption: %v, equal %v", err, bytes.Equal(got, model))
+			}
+			if err := d.Close(); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}

@@ -1,0 +1,203 @@
+package blockdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// SweeperConfig says how a Sweeper paces a re-encryption and where it records it.
+type SweeperConfig struct {
+	// StepBytes is how much one step moves (DefaultSweepStepBytes when 0): the unit of
+	// progress, of yielding and of pausing.
+	StepBytes int64
+	// Yield: after a step during which clients made requests, the sweep rests Yield
+	// times the step's duration before the next (DefaultSweepYield when 0; negative:
+	// never rests). With clients idle it runs flat out.
+	Yield float64
+	// CheckpointBytes and CheckpointInterval: how much sweeping, or how long, between
+	// checkpoints (DefaultCheckpointBytes, DefaultCheckpointInterval when 0). What a
+	// crash costs is redoing the sweep since the last one.
+	CheckpointBytes    int64
+	CheckpointInterval time.Duration
+	// Checkpoint records that every sector below cursor is under the current key and
+	// durable (keys.SetReencryptCursor). Run calls it after a Flush, at the intervals
+	// above and when it stops early. Nil records nothing.
+	Checkpoint func(cursor uint64) error
+	// Finish drops the previous key from the volume's header (keys.FinishReencrypt):
+	// Run calls it once the sweep's moves are durable, then Device.ForgetPrevious.
+	Finish func() error
+	// OnProgress is told the status after every step, from Run's goroutine.
+	OnProgress func(ReencryptStatus)
+}
+
+// Defaults of SweeperConfig.
+const (
+	DefaultSweepStepBytes     = 4 << 20
+	DefaultSweepYield         = 1.0
+	DefaultCheckpointBytes    = 1 << 30
+	DefaultCheckpointInterval = 10 * time.Second
+)
+
+// Sweeper drives a device's re-encryption from its cursor to the end: steps of Sweep,
+// paced so that clients keep most of the device (it rests after a step that overlapped
+// their requests), checkpoints recorded by the caller, and at the end the previous key
+// dropped from the header and from the device. Pause holds it between steps (suspend,
+// detach); Run returns when the context ends, after a last checkpoint.
+type Sweeper struct {
+	d   *Device
+	cfg SweeperConfig
+
+	mu      sync.Mutex
+	cond    sync.Cond
+	paused  bool
+	running bool // a step is under way
+}
+
+// NewSweeper makes a sweeper for d, which must hold a re-encryption (Config.Reencrypt at
+// Open, or StartReencrypt).
+func NewSweeper(d *Device, cfg SweeperConfig) *Sweeper {
+	if cfg.StepBytes <= 0 {
+		cfg.StepBytes = DefaultSweepStepBytes
+	}
+	if cfg.Yield == 0 {
+		cfg.Yield = DefaultSweepYield
+	}
+	if cfg.CheckpointBytes <= 0 {
+		cfg.CheckpointBytes = DefaultCheckpointBytes
+	}
+	if cfg.CheckpointInterval <= 0 {
+		cfg.CheckpointInterval = DefaultCheckpointInterval
+	}
+	s := &Sweeper{d: d, cfg: cfg}
+	s.cond.L = &s.mu
+	return s
+}
+
+// Pause keeps the sweeper from starting another step, and returns once no step runs: the
+// device then has no sweep I/O under way until Resume.
+func (s *Sweeper) Pause() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.paused = true
+	for s.running {
+		s.cond.Wait()
+	}
+}
+
+// Resume lets a paused sweeper go on.
+func (s *Sweeper) Resume() {
+	s.mu.Lock()
+	s.paused = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// begin waits while paused, then marks a step as running; false if ctx ended.
+func (s *Sweeper) begin(ctx context.Context) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.paused && ctx.Err() == nil {
+		s.cond.Wait()
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	s.running = true
+	return true
+}
+
+func (s *Sweeper) end() {
+	s.mu.Lock()
+	s.running = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// Run sweeps until every sector is under the current key, then finishes the
+// re-encryption (FinishSweep, Config.Finish, ForgetPrevious), and returns nil. If ctx
+// ends first it records a last checkpoint and returns ctx's error; on a failure it
+// returns that, and the re-encryption resumes from the last checkpoint at the next run.
+func (s *Sweeper) Run(ctx context.Context) error {
+	d := s.d
+	if !d.Reencryption().Active {
+		return ErrNotReencrypting
+	}
+	// A pause must wake a waiting Run when ctx ends.
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer stop()
+	step := uint64(max(1, s.cfg.StepBytes/int64(d.s)))
+	cpSectors := uint64(max(1, s.cfg.CheckpointBytes/int64(d.s)))
+	st := d.Reencryption()
+	cpCursor, cpTime := st.Cursor, time.Now()
+	for st.Cursor < st.Sectors {
+		if !s.begin(ctx) {
+			return errors.Join(ctx.Err(), s.checkpoint(st.Cursor))
+		}
+		before := d.activity.Load()
+		start := time.Now()
+		var err error
+		st, err = d.Sweep(step)
+		took := time.Since(start)
+		busy := d.activity.Load() != before
+		s.end()
+		if err != nil {
+			return fmt.Errorf("re-encryption at sector %d: %w", st.Cursor, err)
+		}
+		if s.cfg.OnProgress != nil {
+			s.cfg.OnProgress(st)
+		}
+		if st.Cursor == st.Sectors {
+			break
+		}
+		if st.Cursor-cpCursor >= cpSectors || time.Since(cpTime) >= s.cfg.CheckpointInterval {
+			if err := s.checkpoint(st.Cursor); err != nil {
+				return err
+			}
+			cpCursor, cpTime = st.Cursor, time.Now()
+		}
+		if s.cfg.Yield > 0 && busy {
+			t := time.NewTimer(time.Duration(s.cfg.Yield * float64(took)))
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}
+	if err := d.FinishSweep(); err != nil {
+		return fmt.Errorf("finish the re-encryption's sweep: %w", err)
+	}
+	if s.cfg.Finish != nil {
+		if err := s.cfg.Finish(); err != nil {
+			return fmt.Errorf("drop the previous key from the header: %w", err)
+		}
+	}
+	if err := d.ForgetPrevious(); err != nil {
+		return fmt.Errorf("drop the previous key from the device: %w", err)
+	}
+	if s.cfg.OnProgress != nil {
+		s.cfg.OnProgress(d.Reencryption())
+	}
+	return nil
+}
+
+// checkpoint makes what the sweep moved below cursor durable and records it.
+func (s *Sweeper) checkpoint(cursor uint64) error {
+	if s.cfg.Checkpoint == nil {
+		return nil
+	}
+	if err := s.d.Flush(); err != nil {
+		return fmt.Errorf("re-encryption checkpoint at sector %d: %w", cursor, err)
+	}
+	if err := s.cfg.Checkpoint(cursor); err != nil {
+		return fmt.Errorf("re-encryption checkpoint at sector %d: %w", cursor, err)
+	}
+	return nil
+}
