@@ -14,6 +14,7 @@ import (
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/nbd"
 	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/reencrypt"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -55,6 +56,7 @@ type Onetime struct {
 type Volume struct {
 	dev   *blockdev.Device
 	codec sector.Codec
+	prev  *reencrypt.Previous // a re-encryption's previous keys, or nil
 	mode  sector.Mode
 	ro    bool
 	fua   blockdev.Flags // FUA under write-through in the batching (authenticated) modes
@@ -92,6 +94,7 @@ const RemoteMaxBatchBytes = 64 << 20
 func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error) {
 	var l layout.Layout
 	var mode sector.Mode
+	var prev *reencrypt.Previous // a re-encryption under way: its previous keys
 	if o := opts.Onetime; o != nil {
 		var err error
 		mode = o.Mode
@@ -115,11 +118,15 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		}
 		mode = h.Mode
 		l = h.Layout
+		if prev, err = reencrypt.PreviousKeys(h, mk); err != nil {
+			return nil, err
+		}
 	}
 	dk := mk.DataKey(mode)
 	defer dk.Wipe()
 	codec, err := sector.New(sector.Params{Mode: mode, SectorSize: l.SectorSize, Key: dk.Bytes(), VolumeID: mk.VolumeID()})
 	if err != nil {
+		prev.Wipe()
 		return nil, err
 	}
 	log := opts.Logger
@@ -133,6 +140,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	if opts.Witness != "" && l.Version >= 2 {
 		if seen, err = readWitness(opts.Witness, mk.VolumeID()); err != nil {
 			codec.Wipe()
+			prev.Wipe()
 			return nil, err
 		}
 		if seen != nil && !opts.AcceptRollback {
@@ -153,6 +161,11 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		MinGeneration: minGen,
 		OnFlushed:     onFlushed,
 	}
+	if prev != nil {
+		// The header says a re-encryption is under way: sectors not moved yet open
+		// under the previous key (eli reencrypt finishes it).
+		cfg.Reencrypt = prev.Reencrypt
+	}
 	if provider.CapabilitiesOf(p).Shared {
 		// A network provider: each commit costs several round trips whatever its size,
 		// so larger batches carry more data per round trip (docs/benchmarks.md, "Remote
@@ -162,6 +175,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	dev, err := blockdev.Open(p, cfg)
 	if err != nil {
 		codec.Wipe()
+		prev.Wipe()
 		if wit != nil {
 			wit.close()
 		}
@@ -170,7 +184,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		}
 		return nil, err
 	}
-	v := &Volume{dev: dev, codec: codec, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log,
+	v := &Volume{dev: dev, codec: codec, prev: prev, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log,
 		fmtv: int(max(l.Version, layout.Version1))}
 	if opts.WriteThrough && mode.Authenticated() {
 		v.fua = blockdev.FUA
@@ -203,6 +217,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 func (v *Volume) Close() error {
 	err := v.dev.Close()
 	v.codec.Wipe()
+	v.prev.Wipe()
 	if v.wit != nil {
 		// Its failure is logged where it happened; the data is safe either way, only a
 		// rollback to this state would go unnoticed.

@@ -78,6 +78,7 @@ Start with 'eli init PROVIDER', then 'eli attach PROVIDER'; 'eli detach NAME' cl
 		newRestoreCmd(g),
 		newOnetimeCmd(g),
 		newResizeCmd(g),
+		newReencryptCmd(g),
 		newVersionCmd(),
 		newBenchCmd(),
 		newDemoCmd(g),
