@@ -328,8 +328,11 @@ func (a *authEngine) sweepPiece(first uint64, n int) error {
 		for y < n && out.prev[y] {
 			y++
 		}
-		buf := sl.buf[x*s : y*s]
-		a.keys.cur.meta.SealRunMeta(first+uint64(x), buf, buf, recordBytes(recs[x:y]))
+		buf, base := sl.buf[x*s:y*s], first+uint64(x)
+		a.workers.run(y-x, a.chunkSectors, func(lo, hi int) error {
+			a.keys.cur.meta.SealRunMeta(base+uint64(lo), buf[lo*s:hi*s], buf[lo*s:hi*s], recordBytes(recs[x+lo:x+hi]))
+			return nil
+		})
 		c := int64(0)
 		if !inserted {
 			c, inserted = cost, true // the slab's cost, once
