@@ -29,11 +29,12 @@ import (
 //     issue's target is ≥ 0.5). The authenticated modes move each sector with one data
 //     write through the journal; aes-xts pays a checksum per sector and a hotzone write
 //     and two syncs per window.
+//
 //   - reads: 4 KiB random reads from 4 clients for a second without a re-encryption,
 //     then for a second with one running: IOPS and p99 of each, iops-ratio (target
 //     ≥ 0.5) and p99-ratio (target ≤ 3).
 //
-//	go test -run '^$' -bench Reencrypt -benchtime 3x ./blockdev/
+//     go test -run '^$' -bench Reencrypt -benchtime 3x ./blockdev/
 func BenchmarkReencrypt(b *testing.B) {
 	for _, m := range []struct {
 		name    string
