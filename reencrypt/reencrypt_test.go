@@ -215,3 +215,67 @@ func TestCheckRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestResizeHalfway: a volume grown while a re-encryption is under way (as eli resize
+// does: the new area punched, then the header) keeps its re-encryption, and the resumed
+// sweep goes on to the new end.
+func TestResizeHalfway(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []sector.Mode{sector.ModeXChaCha20Poly1305, sector.ModeAESXTS256} {
+		version := uint32(layout.Version1)
+		if mode.Authenticated() {
+			version = layout.Version2
+		}
+		p, data := newVolume(t, version, mode, 16<<20)
+		_, mk0 := unlock(t, p)
+		ctx, cancel := context.WithCancel(context.Background())
+		opts := reencrypt.Options{
+			Header: keys.ReencryptOptions{Slots: map[int]keys.Credentials{0: pass}},
+			Sweep:  blockdev.SweeperConfig{StepBytes: 1 << 20, OnProgress: func(blockdev.ReencryptStatus) { cancel() }},
+		}
+		if _, err := reencrypt.Run(ctx, p, mk0, opts); !errors.Is(err, context.Canceled) {
+			t.Fatal(err)
+		}
+		mk0.Wipe()
+		h, mk := unlock(t, p)
+		old := h.Layout
+		if err := p.Extend(32 << 20); err != nil {
+			t.Fatal(err)
+		}
+		l, err := layout.PlanVersion(old.Version, p.Size(), old.SectorSize, old.Mode, old.JournalLen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Punch(old.End(), layout.DataLimit(p.Size())-old.End()); err != nil {
+			t.Fatal(err)
+		}
+		if err := keys.Resize(p, mk, l.Sectors); err != nil {
+			t.Fatal(err)
+		}
+		if r := mustHeader(t, p).Reencryption(); !r.Active {
+			t.Fatalf("%s: resize ended the re-encryption: %+v", mode, r)
+		}
+		opts.Sweep.OnProgress = nil
+		res, err := reencrypt.Run(context.Background(), p, mk, opts)
+		mk.Wipe()
+		if err != nil || !res.Resumed {
+			t.Fatalf("%s: %+v, %v", mode, res, err)
+		}
+		got := readAll(t, p)
+		if int64(len(got)) != l.Size() || !bytes.Equal(got[:len(data)], data) {
+			t.Fatalf("%s: after resize and the end, %d bytes, the old part equal %v", mode, len(got), bytes.Equal(got[:len(data)], data))
+		}
+		if mode.Authenticated() && !bytes.Equal(got[len(data):], make([]byte, len(got)-len(data))) {
+			t.Fatalf("%s: the grown part does not read as zeroes", mode)
+		}
+	}
+}
+
+func mustHeader(t *testing.T, p provider.Provider) *keys.Header {
+	t.Helper()
+	h, err := keys.Read(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}

@@ -243,6 +243,9 @@ passphrase was changed. Keep it as safe as the passphrase.`,
 			if err := writeFileExcl(args[1], h.Backup()); err != nil {
 				return err
 			}
+			if h.Reencryption().Active {
+				warnf("%s is being re-encrypted: the backup holds the previous master key as well as the new one (restore refuses it once the re-encryption has ended); make a new one after it", args[0])
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "header of %s saved to %s\n", args[0], args[1])
 			return nil
 		},
