@@ -111,7 +111,7 @@ func readHotzone(r io.ReaderAt, epoch, sectors uint64) (*hotzoneSlot, error) {
 		switch {
 		case z.seq == 0 || z.seq%2 != uint64(k):
 			return nil, fmt.Errorf("hotzone slot %d holds sequence %d, which belongs in slot %d", k, z.seq, z.seq%2)
-		case z.hi > sectors || !allZeroBytes(buf[40:hotzoneHeaderLen]):
+		case z.hi > sectors || !bytes.Equal(buf[40:hotzoneHeaderLen], zeroes(hotzoneHeaderLen-40)):
 			return nil, fmt.Errorf("hotzone slot %d (window %d-%d) does not fit the volume's %d sectors, or its reserved bytes are not zero", k, z.lo, z.hi, sectors)
 		}
 		z.sums = bytes.Clone(buf[hotzoneHeaderLen:n])
@@ -120,13 +120,4 @@ func readHotzone(r io.ReaderAt, epoch, sectors uint64) (*hotzoneSlot, error) {
 		}
 	}
 	return best, nil
-}
-
-func allZeroBytes(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
 }

@@ -37,6 +37,17 @@ type reencCase struct {
 	n        uint64
 }
 
+// volume formats a memory provider for the case's first mode.
+func (tc reencCase) volume(t *testing.T) (Layout, *memProvider) {
+	t.Helper()
+	l, size := layoutForVersion(t, tc.version, tc.from, tc.s, tc.n, layout.Align)
+	mem := newMem(size)
+	if err := Format(mem, l); err != nil {
+		t.Fatal(err)
+	}
+	return l, mem
+}
+
 var reencCases = []reencCase{
 	{"xchacha-v1", 0, sector.ModeXChaCha20Poly1305, sector.ModeXChaCha20Poly1305, 512, 700},
 	{"xchacha-v2", layout.Version2, sector.ModeXChaCha20Poly1305, sector.ModeXChaCha20Poly1305, 4096, 300},
@@ -52,11 +63,7 @@ func TestReencryptOnline(t *testing.T) {
 	for _, tc := range reencCases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			l, size := layoutForVersion(t, tc.version, tc.from, tc.s, tc.n, layout.Align)
-			mem := newMem(size)
-			if err := Format(mem, l); err != nil {
-				t.Fatal(err)
-			}
+			l, mem := tc.volume(t)
 			old := codecWithKey(t, tc.from, tc.s, testDataKey)
 			cfg := Config{Layout: l, Codec: old, JournalKey: testJournalKey, Logger: testLogger(t)}
 			d, err := Open(mem, cfg)
@@ -209,11 +216,7 @@ func TestReencryptConcurrentWriters(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			l, size := layoutForVersion(t, tc.version, tc.from, tc.s, tc.n, layout.Align)
-			mem := newMem(size)
-			if err := Format(mem, l); err != nil {
-				t.Fatal(err)
-			}
+			l, mem := tc.volume(t)
 			cfg := Config{Layout: l, Codec: codecWithKey(t, tc.from, tc.s, testDataKey), JournalKey: testJournalKey,
 				Logger: testLogger(t), CommitInterval: time.Millisecond}
 			d, err := Open(mem, cfg)

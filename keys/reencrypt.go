@@ -29,14 +29,14 @@ import (
 
 // Byte offsets of the re-encryption area, in the header's reserved room.
 const (
-	offEpoch      = offReserved                                            // 1664: key epoch (u64)
-	offPrevMode   = 1672                                                   // previous mode (u8), then 7 reserved bytes
-	offCursor     = 1680                                                   // checkpoint (u64)
-	offPrevNonce  = 1688                                                   // XChaCha20-Poly1305 nonce (24)
-	offPrevKey    = 1712                                                   // previous master key, sealed (64 + 16)
-	offAreaEnd    = offPrevKey + MasterKeySize + chacha20poly1305.Overhead // 1792
-	offPrevADEnd  = offPrevNonce                                           // the area's fields in the AD: [1664, 1688)
-	infoPrevious  = "eli/v1/previous-key"
+	offEpoch     = offReserved                                            // 1664: key epoch (u64)
+	offPrevMode  = 1672                                                   // previous mode (u8), then 7 reserved bytes
+	offCursor    = 1680                                                   // checkpoint (u64)
+	offPrevNonce = 1688                                                   // XChaCha20-Poly1305 nonce (24)
+	offPrevKey   = 1712                                                   // previous master key, sealed (64 + 16)
+	offAreaEnd   = offPrevKey + MasterKeySize + chacha20poly1305.Overhead // 1792
+	offPrevADEnd = offPrevNonce                                           // the area's fields in the AD: [1664, 1688)
+	infoPrevious = "eli/v1/previous-key"
 )
 
 // Errors of re-encryption.

@@ -19,6 +19,19 @@ func twoSlotVolume(t *testing.T) (*memProvider, *MasterKey, Credentials) {
 	return p, mk, c3
 }
 
+// reencrypting is newVolume halfway through a re-encryption: the provider, the first
+// master key and the new one.
+func reencrypting(t *testing.T) (*memProvider, *MasterKey, *MasterKey) {
+	t.Helper()
+	p, old := newVolume(t)
+	mk, err := BeginReencrypt(p, old, ReencryptOptions{Slots: map[int]Credentials{0: pass("pw0")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mk.Wipe)
+	return p, old, mk
+}
+
 func TestBeginReencrypt(t *testing.T) {
 	t.Parallel()
 	p, old, c3 := twoSlotVolume(t)
@@ -327,12 +340,7 @@ func TestRestoreRefusesOldKeys(t *testing.T) {
 
 func TestKillDropsPreviousKey(t *testing.T) {
 	t.Parallel()
-	p, old := newVolume(t)
-	mk, err := BeginReencrypt(p, old, ReencryptOptions{Slots: map[int]Credentials{0: pass("pw0")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mk.Wipe()
+	p, _, _ := reencrypting(t)
 	if err := Kill(p); err != nil {
 		t.Fatal(err)
 	}
@@ -346,12 +354,7 @@ func TestKillDropsPreviousKey(t *testing.T) {
 // key's additional data, the nonce and the sealed key by its tag.
 func TestReencryptAreaTamper(t *testing.T) {
 	t.Parallel()
-	p, old := newVolume(t)
-	mk, err := BeginReencrypt(p, old, ReencryptOptions{Slots: map[int]Credentials{0: pass("pw0")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mk.Wipe()
+	p, _, mk := reencrypting(t)
 	good := p.bytesAt(0, HeaderSize)
 	q := p.clone()
 	for off := offEpoch; off < offAreaEnd; off++ {
