@@ -218,6 +218,7 @@ func TestBadInputWhileAttached(t *testing.T) {
 		{"kill", []string{"kill", "--yes", img}, "in use"},
 		{"restore", []string{"restore", backup, img}, "in use"},
 		{"resize", []string{"resize", "--passphrase-file", p, "--size", "32M", img}, "in use"},
+		{"reencrypt", []string{"reencrypt", "--passphrase-file", p, img}, "in use"},
 		{"onetime", []string{"onetime", "--name", "scratch", img}, "in use"},
 	})
 
@@ -281,6 +282,7 @@ func TestSameVolumeUnderAnotherPath(t *testing.T) {
 		{"kill", []string{"kill", "--yes", loop}, want},
 		{"restore", []string{"restore", backup, loop}, want},
 		{"resize", []string{"resize", "--passphrase-file", p, loop}, want},
+		{"reencrypt", []string{"reencrypt", "--passphrase-file", p, loop}, want},
 		{"onetime --force", []string{"onetime", "--force", "--name", "scratch", loop}, want},
 	})
 

@@ -164,7 +164,7 @@ func TestShortFlagsConsistent(t *testing.T) {
 			seen[f.Shorthand] = f.Name + " (" + c.Name() + ")"
 		})
 	}
-	for _, name := range []string{"init", "attach", "setkey", "resize"} {
+	for _, name := range []string{"init", "attach", "setkey", "resize", "reencrypt"} {
 		c, _, err := newRootCmd().Find([]string{name})
 		if err != nil {
 			t.Fatal(err)
