@@ -134,13 +134,17 @@ func TestReencryptKill9(t *testing.T) {
 			data := writeRandom(t, sock, 40<<20, 3)
 			e.OK("detach", "k.img")
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 9))
+			// A whole run first, to time the kills: each lands at a random moment of one.
+			start := time.Now()
+			e.OK("reencrypt", "--passphrase-file", e.Pass, img)
+			whole := time.Since(start)
 			killed, halfway := 0, 0
-			for round := 0; round < 3; round++ {
+			for round := 0; round < 8 && halfway < 3; round++ {
 				cmd := e.Command("reencrypt", "--passphrase-file", e.Pass, img)
 				if err := cmd.Start(); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(time.Duration(50+rng.IntN(400)) * time.Millisecond)
+				time.Sleep(whole/10 + time.Duration(rng.Int64N(int64(whole*8/10))))
 				if cmd.Process.Signal(syscall.SIGKILL) == nil {
 					killed++
 				}
