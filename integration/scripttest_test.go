@@ -1,0 +1,77 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/elidisk/eli/internal/testtool"
+)
+
+// TestScriptRunsEveryStep: scripts/test runs every step even when one fails, names the
+// steps that failed at the end, and exits non-zero (issue 38: a failing unit test had
+// stopped the script before the integration tests ran). The script runs in a copy of the
+// repository's layout with a fake go that fails the unit step and logs every call, and
+// a VM directory that already holds a kernel, so that nothing is installed or fetched.
+func TestScriptRunsEveryStep(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []struct{ prog, pkg string }{
+		{"nbdinfo", "libnbd-bin"}, {"nbdcopy", "libnbd-bin"}, {"nbdfuse", "libnbd-bin"}, {"nbdkit", "nbdkit"},
+		{"qemu-img", "qemu-utils"}, {"qemu-io", "qemu-utils"}, {"fio", "fio"}, {"fusermount3", "fuse3"},
+		{"mkfs.ext4", "e2fsprogs"}, {"losetup", "mount"}, {"openssl", "openssl"}, {"cryptsetup", "cryptsetup-bin"},
+		{"qemu-system-x86_64", "qemu-system-x86"}, {"busybox", "busybox-static"},
+	} {
+		testtool.Need(t, tool.prog, tool.pkg) // else the script would try to install them
+	}
+	testtool.NeedPythonNBD(t)
+	root := t.TempDir()
+	script, err := os.ReadFile("../scripts/test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"scripts", "integration", "bin", "vm/linux-fake"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(name, content string, mode os.FileMode) {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("scripts/test", string(script), 0o755)
+	write("integration/x_test.go", "package integration\n", 0o644)
+	write("vm/linux-fake/vmlinuz", "", 0o644)
+	log := filepath.Join(root, "go.log")
+	// The fake go: "list" prints one package; "test -race" (the unit step) fails.
+	write("bin/go", `#!/bin/sh
+echo "$*" >> `+log+`
+case "$1" in
+list) echo example.com/pkg ;;
+test) case "$*" in *-race*) echo "FAIL example.com/pkg"; exit 1 ;; esac ;;
+esac
+exit 0
+`, 0o755)
+	cmd := exec.Command(filepath.Join(root, "scripts/test"))
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Join(root, "bin")+":"+os.Getenv("PATH"), "ELI_VM_DIR="+filepath.Join(root, "vm"))
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("scripts/test exited 0 with a failing unit step:\n%s", out)
+	}
+	calls, rerr := os.ReadFile(log)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	if !strings.Contains(string(calls), "./integration/...") {
+		t.Fatalf("the integration step did not run after the unit step failed; go was called with:\n%s\noutput:\n%s", calls, out)
+	}
+	if !strings.Contains(string(out), "go test -race (unit)") || !strings.Contains(string(out), "step(s) failed") {
+		t.Fatalf("the summary does not name the failed step:\n%s", out)
+	}
+	if strings.Contains(string(out), "all tests passed") {
+		t.Fatalf("the script says all tests passed:\n%s", out)
+	}
+}
