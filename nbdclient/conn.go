@@ -35,6 +35,9 @@ type op struct {
 	flushMark uint64        // a FLUSH covers the writes acknowledged up to this ackSeq
 	keep      []byte        // a copy of data, for the replay log
 	logEntry  bool          // a replay of an acknowledged write: nobody waits for it
+	direct    bool          // sent outside the pending set (Verify's reads): complete closes fin
+	start     time.Time     // when its call began, for Health
+	sentAt    time.Time     // when it last went on the wire, for the watchdog
 	conn      *pconn        // the connection it was last sent on
 	err       error         // the result, valid once fin is closed
 	fin       chan struct{} // closed when the op leaves the pending set

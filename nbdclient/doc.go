@@ -24,12 +24,17 @@
 // # Faults and what is re-sent
 //
 // A connection that fails (a read or write error, a protocol violation, or a request
-// that outlived Options.RequestTimeout) takes the whole pool down, and a background
-// goroutine redials with doubling backoff. Meanwhile new calls wait, and fail with EIO
-// once their RequestTimeout runs out; the Remote serves again as soon as the server is
-// back. A call is never answered from a connection other than the one its request was
-// last sent on, and nothing is re-sent until every reader of the failed pool has exited,
-// so no late reply can land in a buffer.
+// that waited Options.RequestTimeout for its reply) takes the whole pool down, and a
+// background goroutine redials with doubling backoff. Meanwhile calls wait, for at most
+// Options.QueueTimeout in all (by default RequestTimeout; Forever holds them until the
+// server is back), and then fail with EIO; the Remote serves again as soon as the
+// server is back, re-sending what was in flight. SetDeadline ends every wait at a given
+// time whatever QueueTimeout says (a caller shutting down). A call is never answered
+// from a connection other than the one its request was last sent on, and nothing is
+// re-sent until every reader of the failed pool has exited, so no late reply can land in
+// a buffer. Options.Verify may check a new pool before anything is re-sent on it (that
+// the export is still the one the caller was using); once it refuses, the Remote stops
+// for good and every call fails with ErrExportChanged.
 //
 // The rule for re-sending keeps writes to one sector in an order the callers could have
 // observed, and a successful Sync meaning what it says even if the server lost its

@@ -22,9 +22,18 @@ type Options struct {
 	TLS *tls.Config
 	// DialTimeout bounds one connect and handshake (default 10s).
 	DialTimeout time.Duration
-	// RequestTimeout bounds one call: waiting for a reconnection, for room in flight and
-	// for the reply (default 30s). A call that runs out fails with EIO.
+	// RequestTimeout bounds a request's wait for its reply once it is on the wire
+	// (default 30s). A request that outlives it takes its connection down, as a broken
+	// one would: the pool reconnects and re-sends it, if its call may still wait
+	// (QueueTimeout), and fails it with EIO otherwise.
 	RequestTimeout time.Duration
+	// QueueTimeout bounds a call in all: its waits for a connection, for room in flight
+	// and for replies, across reconnections, which is how long a call may be held while
+	// the server is away (dm-multipath's no_path_retry, open-iscsi's replacement_timeout).
+	// A call that runs out fails with EIO. Zero (the default) is RequestTimeout: a call
+	// fails once its request does. Forever holds calls until the server answers, or
+	// until Close or SetDeadline (dm-multipath's queue_if_no_path).
+	QueueTimeout time.Duration
 	// Conns is how many connections to open when the server advertises
 	// NBD_FLAG_CAN_MULTI_CONN (default 4; one otherwise).
 	Conns int
@@ -40,7 +49,29 @@ type Options struct {
 	SimpleReplies bool
 	// Logf, when set, is told of lost connections and reconnections.
 	Logf func(format string, args ...any)
+	// Verify, when set, checks every new pool of connections before anything is
+	// re-sent on it, reading through read (which goes to the new server only): that the
+	// export is still the one the caller was using, say, so that writes it had
+	// acknowledged are not replayed onto another volume. An error stops the Remote for
+	// good: every call then fails with it (wrapped with ErrExportChanged), and nothing
+	// more is sent.
+	Verify func(read func(p []byte, off int64) error) error
 }
+
+// Forever, as Options.QueueTimeout, holds calls for as long as the server is away.
+const Forever time.Duration = -1
+
+// callBound is how long a call may wait in all; 0 means without end.
+func (o *Options) callBound() time.Duration {
+	if o.QueueTimeout < 0 {
+		return 0
+	}
+	return max(o.QueueTimeout, o.RequestTimeout)
+}
+
+// requeues reports whether a request that outlived RequestTimeout is re-sent on a new
+// connection rather than failed with its call.
+func (o *Options) requeues() bool { return o.QueueTimeout < 0 || o.QueueTimeout > o.RequestTimeout }
 
 func (o *Options) fill() {
 	def := func(v *time.Duration, d time.Duration) {
@@ -68,6 +99,11 @@ var (
 	// ErrDurability is what a Sync returns when a reconnection may have lost writes that
 	// had been acknowledged but not flushed and were not kept for replay.
 	ErrDurability = fmt.Errorf("nbd flush: reconnected to the server, and writes it acknowledged before were neither flushed nor kept for replay: %w", syscall.EIO)
+	// ErrExportChanged is what every call returns once Options.Verify refused a new
+	// connection's export.
+	ErrExportChanged = fmt.Errorf("nbd: the export is not the one this client was using: %w", syscall.EIO)
+	// ErrDeadline is what calls return once the deadline SetDeadline gave has passed.
+	ErrDeadline = fmt.Errorf("nbd: deadline passed: %w", syscall.EIO)
 )
 
 // eio wraps why a request failed with EIO, so errors.Is(err, syscall.EIO) holds.
@@ -105,6 +141,12 @@ type Remote struct {
 	lost       lostSpans   // data a reconnection may have lost: flushes fail until rewritten
 	redials    int         // reconnections made (for tests and messages)
 	reconnDone chan struct{}
+	broken     error         // Verify refused the export: every call fails with it
+	downSince  time.Time     // when the pool went down (zero while connected)
+	lastErr    error         // why it went down, or the last dial's failure since
+	expire     chan struct{} // closed once the SetDeadline deadline has passed
+	expireAt   time.Time
+	expireT    *time.Timer
 
 	flightMu   sync.Mutex
 	flightCond *sync.Cond
@@ -123,7 +165,7 @@ func Open(uri string, opts *Options) (*Remote, error) {
 // OpenTarget connects to t. The first connection is not retried: an unreachable server
 // is an error here, while later losses are reconnected.
 func OpenTarget(t Target, opts *Options) (*Remote, error) {
-	r := &Remote{target: t, pending: make(map[*op]struct{}), closeCh: make(chan struct{})}
+	r := &Remote{target: t, pending: make(map[*op]struct{}), closeCh: make(chan struct{}), expire: make(chan struct{})}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	if opts != nil {
 		r.opts = *opts
@@ -159,7 +201,103 @@ func OpenTarget(t Target, opts *Options) (*Remote, error) {
 			break
 		}
 	}
+	if r.opts.requeues() {
+		go r.watchdog()
+	}
 	return r, nil
+}
+
+// watchdog takes down a connection with a request that has waited RequestTimeout for
+// its reply, so that the pool reconnects and re-sends it (the call itself waits on, up
+// to QueueTimeout): a server that stopped answering without closing the connection is
+// treated as one that closed it.
+func (r *Remote) watchdog() {
+	tick := min(max(r.opts.RequestTimeout/4, 5*time.Millisecond), time.Second)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.closeCh:
+			return
+		case <-t.C:
+		}
+		// Replayed writes count too: a server that stalls during a replay would
+		// otherwise hold the pool down for as long as it stalls.
+		var stuck []*pconn
+		now := time.Now()
+		r.mu.Lock()
+		for o := range r.pending {
+			if o.conn != nil && !o.sentAt.IsZero() && now.Sub(o.sentAt) > r.opts.RequestTimeout && !slices.Contains(stuck, o.conn) {
+				stuck = append(stuck, o.conn)
+			}
+		}
+		r.mu.Unlock()
+		for _, c := range stuck {
+			c.fail(eio("nbd: no reply from %s within %v", r.target.Address, r.opts.RequestTimeout))
+		}
+	}
+}
+
+// SetDeadline bounds every call, in progress or to come, by t: from t on they fail with
+// ErrDeadline (an EIO) instead of waiting for the server, whatever QueueTimeout says.
+// It is for a caller that must stop within a bound (a server shutting down). A later
+// call moves the deadline; the zero time removes it.
+func (r *Remote) SetDeadline(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.expireT != nil {
+		r.expireT.Stop()
+		r.expireT = nil
+	}
+	select {
+	case <-r.expire:
+		r.expire = make(chan struct{}) // passed before: a new one
+	default:
+	}
+	r.expireAt = t
+	if t.IsZero() {
+		return
+	}
+	ch := r.expire
+	r.expireT = time.AfterFunc(time.Until(t), func() {
+		close(ch)
+		// Wake calls that wait for room in flight.
+		r.flightMu.Lock()
+		r.flightCond.Broadcast()
+		r.flightMu.Unlock()
+	})
+}
+
+// expiry is the channel closed once the SetDeadline deadline has passed.
+func (r *Remote) expiry() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.expire
+}
+
+// Health is the state of a Remote's connections, for status reports.
+type Health struct {
+	Connected     bool
+	DownSince     time.Time     // when the connections were lost (zero while connected)
+	LastError     error         // why, or the last failed attempt to reconnect since
+	Reconnections int           // connections re-established after a loss
+	Oldest        time.Duration // how long the oldest request in flight has waited
+	Broken        error         // Verify refused the export (ErrExportChanged)
+}
+
+// Health reports the state of the connections.
+func (r *Remote) Health() Health {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := Health{Connected: r.connected && r.broken == nil, DownSince: r.downSince, LastError: r.lastErr,
+		Reconnections: r.redials, Broken: r.broken}
+	now := time.Now()
+	for o := range r.pending {
+		if !o.start.IsZero() && !o.logEntry {
+			h.Oldest = max(h.Oldest, now.Sub(o.start))
+		}
+	}
+	return h
 }
 
 func (r *Remote) dialOne(gen uint64) (*pconn, Export, error) {
@@ -276,28 +414,75 @@ func (r *Remote) Reconnections() int {
 }
 
 // acquire waits for n bytes of room in flight.
-func (r *Remote) acquire(n int64, deadline time.Time) error {
+func (r *Remote) acquire(n int64, w waiter) error {
 	r.flightMu.Lock()
 	defer r.flightMu.Unlock()
 	if r.inFlight+n <= r.opts.MaxInFlight {
 		r.inFlight += n
 		return nil
 	}
-	// Wake on every release, and once at the deadline.
-	t := time.AfterFunc(time.Until(deadline), func() {
+	// Wake on every release, once at the deadline, and when the call is canceled (the
+	// SetDeadline timer wakes us itself).
+	wake := func() {
 		r.flightMu.Lock()
 		r.flightCond.Broadcast()
 		r.flightMu.Unlock()
-	})
-	defer t.Stop()
+	}
+	if !w.deadline.IsZero() {
+		t := time.AfterFunc(time.Until(w.deadline), wake)
+		defer t.Stop()
+	}
+	if w.cancel != nil {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-w.cancel:
+				wake()
+			case <-stop:
+			}
+		}()
+	}
 	for r.inFlight+n > r.opts.MaxInFlight {
-		if !time.Now().Before(deadline) {
-			return eio("nbd: timed out waiting for room in flight")
+		if err := w.expired(); err != nil {
+			return fmt.Errorf("nbd: waiting for room in flight: %w", err)
 		}
 		r.flightCond.Wait()
 	}
 	r.inFlight += n
 	return nil
+}
+
+// waiter is what bounds one call's waits: its own deadline (zero: none), the Remote's
+// SetDeadline, and its caller's cancellation (nil: none).
+type waiter struct {
+	deadline time.Time
+	expire   <-chan struct{}
+	cancel   <-chan struct{}
+}
+
+// expired reports why the call must stop waiting, or nil.
+func (w waiter) expired() error {
+	select {
+	case <-w.expire:
+		return ErrDeadline
+	case <-w.cancel:
+		return eio("nbd: call canceled")
+	default:
+	}
+	if !w.deadline.IsZero() && !time.Now().Before(w.deadline) {
+		return eio("nbd: timed out")
+	}
+	return nil
+}
+
+// timer fires at the call's deadline; its channel is nil (never ready) without one.
+func (w waiter) timer() (<-chan time.Time, func()) {
+	if w.deadline.IsZero() {
+		return nil, func() {}
+	}
+	t := time.NewTimer(time.Until(w.deadline))
+	return t.C, func() { t.Stop() }
 }
 
 func (r *Remote) release(n int64) {
@@ -307,26 +492,38 @@ func (r *Remote) release(n int64) {
 	r.flightMu.Unlock()
 }
 
-// start registers o and sends it, waiting (up to deadline) for a connection.
-func (r *Remote) start(o *op, deadline time.Time) error {
+// start registers o and sends it, waiting (as w allows) for a connection.
+func (r *Remote) start(o *op, w waiter) error {
 	o.fin = make(chan struct{})
 	r.mu.Lock()
-	for !r.connected {
+	for !r.connected && r.broken == nil {
 		if r.closed {
 			r.mu.Unlock()
 			return errClosed
 		}
-		up := r.up
+		up, since, last := r.up, r.downSince, r.lastErr
 		r.mu.Unlock()
-		t := time.NewTimer(time.Until(deadline))
+		tc, stop := w.timer()
 		select {
 		case <-up:
 		case <-r.closeCh:
-		case <-t.C:
-			return eio("nbd %s: server %s unreachable", opName(o.cmd), r.target.Address)
+		case <-tc:
+			stop()
+			return eio("nbd %s: server %s unreachable since %s (%v)", opName(o.cmd), r.target.Address, since.Format(time.TimeOnly), last)
+		case <-w.expire:
+			stop()
+			return fmt.Errorf("nbd %s: server %s unreachable: %w", opName(o.cmd), r.target.Address, ErrDeadline)
+		case <-w.cancel:
+			stop()
+			return eio("nbd %s: call canceled while the server was unreachable", opName(o.cmd))
 		}
-		t.Stop()
+		stop()
 		r.mu.Lock()
+	}
+	if r.broken != nil {
+		err := r.broken
+		r.mu.Unlock()
+		return err
 	}
 	if r.closed {
 		r.mu.Unlock()
@@ -343,25 +540,32 @@ func (r *Remote) start(o *op, deadline time.Time) error {
 	c := r.conns[r.rr%uint64(len(r.conns))]
 	r.rr++
 	o.conn = c
+	o.sentAt = time.Now()
 	r.mu.Unlock()
 	c.send(o) // a failed connection is reconnected, and o re-sent, by connDied
 	return nil
 }
 
-// wait returns the first error of ops once all are answered, or EIO at deadline. The
-// requests unanswered at the deadline are abandoned together, and take their connections
-// down with them, so that no reply can land in a buffer their caller has taken back and
-// no late write can overtake one the caller makes next.
-func (r *Remote) wait(ops []*op, deadline time.Time) error {
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
+// wait returns the first error of ops once all are answered, or EIO once w says stop.
+// The requests unanswered then are abandoned together, and take their connections down
+// with them, so that no reply can land in a buffer their caller has taken back and no
+// late write can overtake one the caller makes next.
+func (r *Remote) wait(ops []*op, w waiter) error {
+	tc, stop := w.timer()
+	defer stop()
 	for i, o := range ops {
+		var why error
 		select {
 		case <-o.fin:
 			continue
-		case <-t.C:
+		case <-tc:
+			why = eio("nbd %s: no reply from %s within %v", opName(o.cmd), r.target.Address, r.opts.callBound())
+		case <-w.expire:
+			why = fmt.Errorf("nbd %s: no reply from %s: %w", opName(o.cmd), r.target.Address, ErrDeadline)
+		case <-w.cancel:
+			why = eio("nbd %s: call canceled", opName(o.cmd))
 		}
-		r.abandon(ops[i:])
+		r.abandon(ops[i:], why)
 		break
 	}
 	for _, o := range ops {
@@ -372,16 +576,16 @@ func (r *Remote) wait(ops []*op, deadline time.Time) error {
 	return nil
 }
 
-// abandon fails the ops still pending with a timeout, and closes and quiesces the
+// abandon fails the ops still pending with why, and closes and quiesces the
 // connections they were sent on.
-func (r *Remote) abandon(ops []*op) {
+func (r *Remote) abandon(ops []*op, why error) {
 	var conns []*pconn
 	r.mu.Lock()
 	for _, o := range ops {
 		if _, ok := r.pending[o]; !ok {
 			continue
 		}
-		r.finish(o, eio("nbd %s: no reply from %s within %v", opName(o.cmd), r.target.Address, r.opts.RequestTimeout))
+		r.finish(o, why)
 		if o.conn != nil && !slices.Contains(conns, o.conn) {
 			conns = append(conns, o.conn)
 		}
@@ -411,6 +615,11 @@ func (r *Remote) finish(o *op, err error) {
 
 // complete is the readers' callback: the server answered o.
 func (r *Remote) complete(o *op, err error) {
+	if o.direct {
+		o.err = err
+		close(o.fin)
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.pending[o]; !ok {
@@ -489,6 +698,7 @@ func (r *Remote) connDied(c *pconn, err error) {
 	}
 	r.connected = false
 	r.up = make(chan struct{})
+	r.downSince, r.lastErr = time.Now(), err
 	old := r.conns
 	done := make(chan struct{})
 	r.reconnDone = done
@@ -518,7 +728,22 @@ func (r *Remote) reconnect(old []*pconn, done chan struct{}) {
 		gen := r.gen
 		r.mu.Unlock()
 		conns, exp, err := r.dialPool(gen)
+		if err == nil && r.opts.Verify != nil {
+			if verr := r.verify(conns); verr != nil {
+				for _, c := range conns {
+					c.disconnect()
+				}
+				if !errors.Is(verr, errVerifyIO) {
+					r.stop(verr)
+					return
+				}
+				err = verr // the new connection failed: try again
+			}
+		}
 		if err != nil {
+			r.mu.Lock()
+			r.lastErr = err
+			r.mu.Unlock()
 			t := time.NewTimer(backoff)
 			select {
 			case <-t.C:
@@ -607,7 +832,7 @@ func (r *Remote) replay(conns []*pconn, exp Export) bool {
 			r.pending[o] = struct{}{}
 		}
 		c := conns[i%len(conns)]
-		o.conn, o.covered, o.serr = c, 0, nil
+		o.conn, o.covered, o.serr, o.sentAt = c, 0, nil, time.Now()
 		r.mu.Unlock()
 		if c.send(o) != nil {
 			return false
@@ -631,12 +856,13 @@ func (r *Remote) replay(conns []*pconn, exp Export) bool {
 			o.flushMark = r.ackSeq
 		}
 		c := conns[i%len(conns)]
-		o.conn, o.covered, o.serr = c, 0, nil
+		o.conn, o.covered, o.serr, o.sentAt = c, 0, nil, time.Now()
 		// Sending under r.mu keeps new requests behind these; a failure here is
 		// handled by connDied once the pool is marked up.
 		go c.send(o)
 	}
 	r.connected = true
+	r.downSince, r.lastErr = time.Time{}, nil
 	close(r.up)
 	for _, c := range conns {
 		if c.failed() != nil {
@@ -647,6 +873,64 @@ func (r *Remote) replay(conns []*pconn, exp Export) bool {
 		}
 	}
 	return true
+}
+
+// errVerifyIO marks a Verify that could not read (the new connection failed too), as
+// opposed to one that refused what it read.
+var errVerifyIO = errors.New("nbd: verify read failed")
+
+// verify runs Options.Verify on a new pool, reading through its first connection.
+func (r *Remote) verify(conns []*pconn) error {
+	read := func(p []byte, off int64) error {
+		if off < 0 || uint64(off)+uint64(len(p)) > uint64(r.Size()) || len(p) > 32<<20 {
+			return fmt.Errorf("nbd: verify read [%d, +%d) outside the export", off, len(p))
+		}
+		o := &op{cmd: nbdproto.CmdRead, off: uint64(off), length: uint32(len(p)), buf: p, direct: true, fin: make(chan struct{})}
+		c := conns[0]
+		if err := c.send(o); err != nil {
+			return fmt.Errorf("%w: %v", errVerifyIO, err)
+		}
+		t := time.NewTimer(r.opts.RequestTimeout)
+		defer t.Stop()
+		select {
+		case <-o.fin:
+			if o.err != nil {
+				return fmt.Errorf("%w: %v", errVerifyIO, o.err)
+			}
+			return nil
+		case <-c.readerDone:
+		case <-t.C:
+		}
+		c.fail(eio("nbd: verify read timed out"))
+		c.quiesce()
+		return fmt.Errorf("%w: no reply", errVerifyIO)
+	}
+	if err := r.opts.Verify(read); err != nil {
+		if errors.Is(err, errVerifyIO) {
+			return err
+		}
+		r.logf("nbd: %s: %v: stopping", r.target.Address, err)
+		return fmt.Errorf("%w: %v", ErrExportChanged, err)
+	}
+	return nil
+}
+
+// stop ends the Remote for good after Verify refused the export: every call pending
+// or to come fails with err, and nothing is re-sent (acknowledged, unflushed writes
+// are lost with the export they went to; flushes fail).
+func (r *Remote) stop(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.broken, r.lastErr = err, err
+	for o := range r.pending {
+		if o.logEntry {
+			delete(r.pending, o)
+			continue
+		}
+		r.finish(o, err)
+	}
+	r.log, r.logBytes = nil, 0
+	close(r.up) // wake the calls waiting for a connection: they find r.broken
 }
 
 func (r *Remote) logf(format string, args ...any) {
@@ -666,28 +950,37 @@ func cmpU64(a, b uint64) int {
 }
 
 // do runs ops (the pieces of one call) concurrently within the in-flight bound, and
-// returns the first error once every one has finished.
-func (r *Remote) do(ops []*op) error {
-	deadline := time.Now().Add(r.opts.RequestTimeout)
+// returns the first error once every one has finished. cancel, if not nil, ends the
+// call's waits when it is closed.
+func (r *Remote) do(ops []*op, cancel <-chan struct{}) error {
+	now := time.Now()
+	w := waiter{expire: r.expiry(), cancel: cancel}
+	if b := r.opts.callBound(); b > 0 {
+		w.deadline = now.Add(b)
+	}
+	if err := w.expired(); err != nil {
+		return err
+	}
 	var firstErr error
 	started := ops[:0:0]
 	for _, o := range ops {
+		o.start = now
 		// Room comes back as earlier pieces are answered (finish), so a call larger
 		// than the bound goes through in turns.
-		w := min(int64(max(o.length, 1)), r.opts.MaxInFlight)
-		if err := r.acquire(w, deadline); err != nil {
+		weight := min(int64(max(o.length, 1)), r.opts.MaxInFlight)
+		if err := r.acquire(weight, w); err != nil {
 			firstErr = err
 			break
 		}
-		o.weight = w
-		if err := r.start(o, deadline); err != nil {
-			r.release(w)
+		o.weight = weight
+		if err := r.start(o, w); err != nil {
+			r.release(weight)
 			firstErr = err
 			break
 		}
 		started = append(started, o)
 	}
-	if err := r.wait(started, deadline); err != nil && firstErr == nil {
+	if err := r.wait(started, w); err != nil && firstErr == nil {
 		firstErr = err
 	}
 	return firstErr
@@ -726,7 +1019,22 @@ func (r *Remote) split(cmd, flags uint16, p []byte, off, n int64) ([]*op, error)
 
 // ReadAt reads len(p) bytes at off; past the end of the export it reads what there is
 // and returns io.EOF.
-func (r *Remote) ReadAt(p []byte, off int64) (int, error) {
+func (r *Remote) ReadAt(p []byte, off int64) (int, error) { return r.readAt(p, off, nil) }
+
+// ReadAtContext is ReadAt, ending its waits with ctx (EIO when ctx ends first).
+func (r *Remote) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	return r.readAt(p, off, ctx.Done())
+}
+
+// WriteAtContext is WriteAt, ending its waits with ctx.
+func (r *Remote) WriteAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	return r.write(p, off, 0, ctx.Done())
+}
+
+// SyncContext is Sync, ending its wait with ctx.
+func (r *Remote) SyncContext(ctx context.Context) error { return r.sync(ctx.Done()) }
+
+func (r *Remote) readAt(p []byte, off int64, cancel <-chan struct{}) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("nbd read: negative offset: %w", syscall.EINVAL)
 	}
@@ -739,7 +1047,7 @@ func (r *Remote) ReadAt(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := r.do(ops); err != nil {
+	if err := r.do(ops, cancel); err != nil {
 		return 0, err
 	}
 	if eof {
@@ -749,21 +1057,21 @@ func (r *Remote) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // WriteAt writes p at off.
-func (r *Remote) WriteAt(p []byte, off int64) (int, error) { return r.write(p, off, 0) }
+func (r *Remote) WriteAt(p []byte, off int64) (int, error) { return r.write(p, off, 0, nil) }
 
 // WriteAtFUA writes p at off, durable before it returns (NBD_CMD_FLAG_FUA where the
 // server takes it, else a FLUSH after the write).
 func (r *Remote) WriteAtFUA(p []byte, off int64) (int, error) {
 	if r.Export().Flags&nbdproto.TflagSendFUA == 0 {
-		if n, err := r.write(p, off, 0); err != nil {
+		if n, err := r.write(p, off, 0, nil); err != nil {
 			return n, err
 		}
 		return len(p), r.Sync()
 	}
-	return r.write(p, off, nbdproto.CmdFlagFUA)
+	return r.write(p, off, nbdproto.CmdFlagFUA, nil)
 }
 
-func (r *Remote) write(p []byte, off int64, flags uint16) (int, error) {
+func (r *Remote) write(p []byte, off int64, flags uint16, cancel <-chan struct{}) (int, error) {
 	if r.Export().Flags&nbdproto.TflagReadOnly != 0 {
 		return 0, fmt.Errorf("nbd write: export is read-only: %w", syscall.EPERM)
 	}
@@ -776,7 +1084,7 @@ func (r *Remote) write(p []byte, off int64, flags uint16) (int, error) {
 			o.keep = getCopy(o.data)
 		}
 	}
-	if err := r.do(ops); err != nil {
+	if err := r.do(ops, cancel); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -795,11 +1103,13 @@ func (r *Remote) keepsWrites() bool {
 // Sync makes every completed write durable: it returns nil only after the server
 // acknowledged an NBD_CMD_FLUSH sent after them (or, for a server that takes no flushes,
 // at once: its writes are durable when acknowledged).
-func (r *Remote) Sync() error {
+func (r *Remote) Sync() error { return r.sync(nil) }
+
+func (r *Remote) sync(cancel <-chan struct{}) error {
 	if r.Export().Flags&nbdproto.TflagSendFlush == 0 {
 		return nil
 	}
-	return r.do([]*op{{cmd: nbdproto.CmdFlush}})
+	return r.do([]*op{{cmd: nbdproto.CmdFlush}}, cancel)
 }
 
 // Punch makes [off, off+n) read as zeroes: NBD_CMD_WRITE_ZEROES (which lets the server
@@ -823,7 +1133,7 @@ func (r *Remote) Punch(off, n int64) error {
 	if err != nil {
 		return err
 	}
-	return r.do(ops)
+	return r.do(ops, nil)
 }
 
 // Trim tells the server [off, off+n) is unused (NBD_CMD_TRIM); its contents are
@@ -836,7 +1146,7 @@ func (r *Remote) Trim(off, n int64) error {
 	if err != nil {
 		return err
 	}
-	return r.do(ops)
+	return r.do(ops, nil)
 }
 
 // Close disconnects. Calls in progress fail.
