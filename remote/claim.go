@@ -57,7 +57,7 @@ func (s *Store) Claim(o ClaimOptions) error {
 	if notify == nil {
 		notify = func(string) {}
 	}
-	iv := Interval()
+	iv := s.interval
 	first, err := s.readMark()
 	if err != nil && !errors.Is(err, errBadMark) {
 		return fmt.Errorf("read the ownership mark of %s: %w", s.name, err)
@@ -112,6 +112,36 @@ func (s *Store) Claim(o ClaimOptions) error {
 		m.Counter = cur.Counter
 	}
 	s.start(m)
+	return nil
+}
+
+// Probe checks, without claiming, that no other instance writes the volume: what a
+// read-only user needs, which writes no mark. A mark held by another instance is read
+// again after three heartbeat intervals, as Claim does: one that moved is refused
+// (*HeldError); one that did not belongs to an owner that is gone.
+func (s *Store) Probe(o ClaimOptions) error {
+	notify := o.Notify
+	if notify == nil {
+		notify = func(string) {}
+	}
+	first, err := s.readMark()
+	if err != nil && !errors.Is(err, errBadMark) {
+		return fmt.Errorf("read the ownership mark of %s: %w", s.name, err)
+	}
+	if err != nil || first.State != Held {
+		return nil
+	}
+	wait := 3 * max(s.interval, first.Interval)
+	notify(fmt.Sprintf("%s is marked as attached by host %q (instance %s): waiting %v to see whether its heartbeat moves",
+		s.name, first.Host, first.InstanceString(), wait))
+	time.Sleep(wait)
+	again, err := s.readMark()
+	if err != nil && !errors.Is(err, errBadMark) {
+		return fmt.Errorf("read the ownership mark of %s: %w", s.name, err)
+	}
+	if err == nil && again.State == Held && (again.Counter != first.Counter || again.Instance != first.Instance) {
+		return &HeldError{Name: s.name, Host: again.Host, Instance: again.InstanceString()}
+	}
 	return nil
 }
 

@@ -17,6 +17,8 @@
 package remote
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -39,10 +41,13 @@ type raw interface {
 // Store is a remote provider: provider.Provider, provider.Puncher and
 // provider.Capable, with the ownership block hidden from its users.
 type Store struct {
-	raw    raw
-	remote *nbdclient.Remote // nil in tests over a file
-	name   string
-	caps   provider.Capabilities
+	raw      raw
+	remote   *nbdclient.Remote // nil in tests over a file
+	name     string
+	caps     provider.Capabilities
+	interval time.Duration // the heartbeat's, for a claim
+	markIO   time.Duration // bound on each read or write of the mark
+	ident    []byte        // what identifies the volume at the start of the export (identity)
 
 	mu     sync.Mutex
 	fence  error // set once another instance took the volume over: writes fail
@@ -73,10 +78,34 @@ func Canonical(uri string) (string, error) {
 	return t.String(), nil
 }
 
-// Open connects to the export uri names. logf, when set, hears of lost connections and
-// of heartbeats that failed.
-func Open(uri string, logf func(string, ...any)) (*Store, error) {
-	opts := &nbdclient.Options{Logf: logf}
+// Options say how Open connects and how a claim heartbeats. The zero value is usable.
+type Options struct {
+	// Logf, when set, hears of lost connections and of heartbeats that failed.
+	Logf func(string, ...any)
+	// RequestTimeout and QueueTimeout are nbdclient's (Options): how long a request may
+	// go unanswered before its connection is replaced, and how long a call may be held
+	// while the storage is away.
+	RequestTimeout, QueueTimeout time.Duration
+	// Interval is the heartbeat's (default Interval()).
+	Interval time.Duration
+}
+
+// DefaultRequestTimeout is the request timeout when Options give none.
+const DefaultRequestTimeout = 30 * time.Second
+
+// Open connects to the export uri names.
+func Open(uri string, o *Options) (*Store, error) {
+	if o == nil {
+		o = &Options{}
+	}
+	s := &Store{logf: o.Logf, interval: o.Interval, markIO: o.RequestTimeout}
+	if s.interval <= 0 {
+		s.interval = Interval()
+	}
+	if s.markIO <= 0 {
+		s.markIO = DefaultRequestTimeout
+	}
+	opts := &nbdclient.Options{Logf: o.Logf, RequestTimeout: s.markIO, QueueTimeout: o.QueueTimeout, Verify: s.verify}
 	r, err := nbdclient.Open(uri, opts)
 	if err != nil {
 		return nil, err
@@ -96,12 +125,110 @@ func Open(uri string, logf func(string, ...any)) (*Store, error) {
 		r.Close()
 		return nil, fmt.Errorf("%s: export of %d bytes is too small for an eli volume", r, r.Size())
 	}
-	return &Store{raw: r, remote: r, name: r.String(), caps: caps, logf: logf}, nil
+	s.raw, s.remote, s.name, s.caps = r, r, r.String(), caps
+	ident := make([]byte, identRead)
+	if err := s.readRaw(ident, 0); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("read the start of %s: %w", s.name, err)
+	}
+	s.mu.Lock()
+	s.ident = identity(ident)
+	s.mu.Unlock()
+	return s, nil
 }
 
 // newStore wraps any raw storage (tests).
 func newStore(r raw, name string) *Store {
-	return &Store{raw: r, name: name, caps: provider.Capabilities{Shared: true, Punch: true, AtomicWrite: 4096}}
+	return &Store{raw: r, name: name, caps: provider.Capabilities{Shared: true, Punch: true, AtomicWrite: 4096},
+		interval: Interval(), markIO: DefaultRequestTimeout}
+}
+
+// identLen is how much of the export's start identity looks at: an eli header's magic,
+// version and length (bytes 0 to 16) and its volume ID (24 to 40), which no header
+// update changes (docs/format.md).
+const identLen = 40
+
+// identRead is how much is read for it: a whole block, which any export takes.
+const identRead = 4096
+
+// identity is what of the export's first identLen bytes must stay the same while this
+// Store uses it, or nil where they hold no eli header (an export being initialized).
+func identity(b []byte) []byte {
+	if b[0] != 0x89 || string(b[1:4]) != "ELI" {
+		return nil
+	}
+	return append(append([]byte(nil), b[:16]...), b[24:40]...)
+}
+
+// ErrExportChanged: after a reconnection the export behind the URI was no longer this
+// volume (another volume's bytes, or the mark of another instance): nothing more is
+// written to it.
+var ErrExportChanged = nbdclient.ErrExportChanged
+
+// verify is the check nbdclient runs on every new connection before it replays
+// anything: a Store that holds the mark must find it still its own, and any other must
+// find the volume it opened.
+func (s *Store) verify(read func([]byte, int64) error) error {
+	s.mu.Lock()
+	owned, m, ident := s.owned, s.mark, s.ident
+	s.mu.Unlock()
+	if owned {
+		b := make([]byte, MarkLen)
+		if err := read(b, MarkOffset); err != nil {
+			return err
+		}
+		cur, err := decodeMark(b)
+		if err == nil && cur.State == Held && cur.Instance == m.Instance {
+			return nil
+		}
+		why := fmt.Errorf("the ownership mark of %s is not this server's any more (%s): the export was replaced or taken over", s.name, describe(cur, err))
+		s.mu.Lock()
+		s.fence, s.owned = fmt.Errorf("%w: %v", ErrTakenOver, why), false
+		s.mu.Unlock()
+		return why
+	}
+	if ident == nil {
+		return nil
+	}
+	b := make([]byte, identRead)
+	if err := read(b, 0); err != nil {
+		return err
+	}
+	if got := identity(b); !bytes.Equal(got, ident) {
+		return fmt.Errorf("%s no longer holds the volume it held (its header's volume ID changed): the export was replaced", s.name)
+	}
+	return nil
+}
+
+// describe says what a mark read back holds, for messages.
+func describe(m Mark, err error) string {
+	switch {
+	case err != nil:
+		return "unreadable: " + err.Error()
+	case m.State == Empty:
+		return "no mark"
+	case m.State == Released:
+		return "released"
+	}
+	return fmt.Sprintf("held by host %q, instance %s", m.Host, m.InstanceString())
+}
+
+// SetDeadline bounds every request to the storage, in progress or to come, by t
+// (nbdclient.Remote.SetDeadline): for a server that must stop within a bound whatever
+// the storage does. The zero time removes the bound.
+func (s *Store) SetDeadline(t time.Time) {
+	if s.remote != nil {
+		s.remote.SetDeadline(t)
+	}
+}
+
+// Health reports the state of the connections to the storage (zero for tests over a
+// file).
+func (s *Store) Health() nbdclient.Health {
+	if s.remote == nil {
+		return nbdclient.Health{Connected: true}
+	}
+	return s.remote.Health()
 }
 
 // Path names the export for messages: its URI, without secrets.
@@ -199,7 +326,8 @@ func (s *Store) fenced() error {
 func (s *Store) Fenced() error { return s.fenced() }
 
 // Close stops the heartbeat, releases the mark if this Store still holds it (so that
-// the next attach takes the volume at once), and disconnects.
+// the next attach takes the volume at once), and disconnects. Each request of the
+// release is bounded by the request timeout, so Close ends even with the storage gone.
 func (s *Store) Close() error {
 	s.stopHeartbeat()
 	var err error
@@ -249,18 +377,41 @@ func (s *Store) release(m Mark) error {
 
 func (s *Store) readMark() (Mark, error) {
 	b := make([]byte, MarkLen)
-	if _, err := s.raw.ReadAt(b, MarkOffset); err != nil {
+	if err := s.readRaw(b, MarkOffset); err != nil {
 		return Mark{}, err
 	}
 	return decodeMark(b)
 }
 
-// writeMark writes m and flushes, so that a mark another host reads is on the storage.
-func (s *Store) writeMark(m Mark) error {
-	if _, err := s.raw.WriteAt(m.encode(), MarkOffset); err != nil {
+// readRaw reads from the export, bounded by markIO: the mark's requests are never held
+// while the storage is away (Options.QueueTimeout), so that a heartbeat, a claim or a
+// release ends.
+func (s *Store) readRaw(b []byte, off int64) error {
+	if s.remote == nil {
+		_, err := s.raw.ReadAt(b, off)
 		return err
 	}
-	return s.raw.Sync()
+	ctx, cancel := context.WithTimeout(context.Background(), s.markIO)
+	defer cancel()
+	_, err := s.remote.ReadAtContext(ctx, b, off)
+	return err
+}
+
+// writeMark writes m and flushes, so that a mark another host reads is on the storage;
+// each request bounded as readRaw's.
+func (s *Store) writeMark(m Mark) error {
+	if s.remote == nil {
+		if _, err := s.raw.WriteAt(m.encode(), MarkOffset); err != nil {
+			return err
+		}
+		return s.raw.Sync()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.markIO)
+	defer cancel()
+	if _, err := s.remote.WriteAtContext(ctx, m.encode(), MarkOffset); err != nil {
+		return err
+	}
+	return s.remote.SyncContext(ctx)
 }
 
 func hostname() string {

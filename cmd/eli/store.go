@@ -105,9 +105,9 @@ func serverProvider(pf *os.File, cfg *volume.Config, log *slog.Logger) (store, e
 		return provider.FromFile(pf, cfg.Provider)
 	}
 	pf.Close()
-	s, err := remote.Open(cfg.Provider, func(format string, args ...any) {
+	s, err := remote.Open(cfg.Provider, &remote.Options{Logf: func(format string, args ...any) {
 		log.Warn(fmt.Sprintf(format, args...), "provider", cfg.Provider)
-	})
+	}})
 	if err != nil {
 		return nil, err
 	}
