@@ -1,16 +1,15 @@
 package nbdkernel
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/elidisk/eli/provider"
 	"golang.org/x/sys/unix"
 )
 
@@ -148,7 +147,7 @@ func (h host) inUse(idx int) (string, error) {
 	rdev := unix.Mkdev(maj, mnr)
 	var why []string
 	if f, err := os.Open(filepath.Join(h.proc, "self", "mountinfo")); err == nil {
-		for _, m := range mountsOf(f, devStr) {
+		for _, m := range provider.MountPoints(f, devStr) {
 			why = append(why, "mounted on "+m)
 		}
 		f.Close()
@@ -185,37 +184,6 @@ func parseMajMin(s string) (uint32, uint32, bool) {
 	maj, err1 := strconv.ParseUint(a, 10, 32)
 	mnr, err2 := strconv.ParseUint(b, 10, 32)
 	return uint32(maj), uint32(mnr), err1 == nil && err2 == nil
-}
-
-// mountsOf returns the mount points of the device majMin ("43:0") in a mountinfo file
-// (proc(5): field 3 is major:minor, field 5 the mount point, octal-escaped).
-func mountsOf(r io.Reader, majMin string) []string {
-	var out []string
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) >= 5 && f[2] == majMin {
-			out = append(out, unescapeMount(f[4]))
-		}
-	}
-	return out
-}
-
-// unescapeMount undoes the kernel's \ooo escaping of space, tab, newline and backslash.
-func unescapeMount(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 type opener struct {

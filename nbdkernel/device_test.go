@@ -232,27 +232,12 @@ func TestTune(t *testing.T) {
 	}
 }
 
+// sampleMountinfo mounts nbd0 (43:0) twice and a partition of it once.
 const sampleMountinfo = `22 1 0:21 / /proc rw,nosuid - proc proc rw
 36 22 43:0 / /mnt/with\040space rw,relatime shared:1 - ext4 /dev/nbd0 rw
 37 22 43:1 / /other rw - ext4 /dev/nbd0p1 rw
 38 22 43:0 /sub /bind rw - ext4 /dev/nbd0 rw
 `
-
-func TestMountsOf(t *testing.T) {
-	t.Parallel()
-	got := mountsOf(strings.NewReader(sampleMountinfo), "43:0")
-	if strings.Join(got, "|") != "/mnt/with space|/bind" {
-		t.Errorf("mountsOf = %q", got)
-	}
-	if got := mountsOf(strings.NewReader(sampleMountinfo), "43:32"); len(got) != 0 {
-		t.Errorf("mountsOf(unmounted) = %q", got)
-	}
-	for in, want := range map[string]string{`a\134b`: `a\b`, `tab\011`: "tab\t", `end\`: `end\`, `x\09`: `x\09`} {
-		if got := unescapeMount(in); got != want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
 
 func TestInUseFake(t *testing.T) {
 	t.Parallel()

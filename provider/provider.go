@@ -348,8 +348,15 @@ func (p *File) Extend(size int64) error {
 
 // Lock takes an exclusive advisory lock on the provider for as long as it stays open.
 // It fails at once with ErrInUse if another open file description holds it.
-func (p *File) Lock() error {
-	err := unix.Flock(int(p.f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+func (p *File) Lock() error { return p.flock(unix.LOCK_EX) }
+
+// LockShared takes a shared advisory lock, for a reader that must not run beside a
+// writer: any number of readers hold it together, and it fails at once with ErrInUse
+// while a writer holds Lock (and Lock fails while a reader holds this).
+func (p *File) LockShared() error { return p.flock(unix.LOCK_SH) }
+
+func (p *File) flock(how int) error {
+	err := unix.Flock(int(p.f.Fd()), how|unix.LOCK_NB)
 	if err == unix.EWOULDBLOCK {
 		return fmt.Errorf("%s: %w", p.path, ErrInUse)
 	}
