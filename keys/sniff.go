@@ -1,54 +1,26 @@
 package keys
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"strings"
 
+	"github.com/elidisk/eli/internal/signature"
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
 )
 
 // sniff describes what a provider without an eli header holds instead, from its first
-// bytes (already read) and, for geli, its last sector. Signatures, from each format's
-// documentation: LUKS "LUKS\xba\xbe" at 0; ext2/3/4 superblock magic 0xEF53 at 1024+56;
-// XFS "XFSB" at 0; Linux swap "SWAPSPACE2" at 4086 (4 KiB pages); GPT "EFI PART" at 512;
-// MBR 0x55AA at 510; geli metadata "GEOM::ELI" at the start of the provider's last sector.
+// bytes (already read) and the signatures package signature knows.
 func sniff(p provider.Provider, first []byte) string {
 	if len(first) == 0 {
 		return fmt.Sprintf("the provider is only %d bytes", p.Size())
 	}
-	var what string
-	switch {
-	case allZero(first):
+	if allZero(first) {
 		return "the first 4096 bytes are zero: an empty provider?"
-	case bytes.HasPrefix(first, []byte("LUKS\xba\xbe")):
-		what = "a LUKS header"
-	case len(first) >= 1082 && binary.LittleEndian.Uint16(first[1080:]) == 0xEF53:
-		what = "an ext2/3/4 filesystem"
-	case bytes.HasPrefix(first, []byte("XFSB")):
-		what = "an XFS filesystem"
-	case len(first) >= 4096 && bytes.Equal(first[4086:4096], []byte("SWAPSPACE2")):
-		what = "Linux swap space"
-	case len(first) >= 520 && bytes.Equal(first[512:520], []byte("EFI PART")):
-		what = "a GPT partition table"
-	case len(first) >= 512 && first[510] == 0x55 && first[511] == 0xAA:
-		what = "an MBR partition table or boot sector"
-	}
-	if what == "" {
-		for _, secSize := range []int64{512, 4096} {
-			if p.Size() >= secSize {
-				last := make([]byte, 9)
-				if readAt(p, last, p.Size()-secSize) == nil && string(last) == "GEOM::ELI" {
-					what = "FreeBSD geli metadata (in the last sector)"
-					break
-				}
-			}
-		}
 	}
 	s := "first bytes look like " + hexPreview(first[:min(16, len(first))])
-	if what != "" {
+	if what, err := signature.Detect(p, p.Size()); err == nil && what != "" {
 		s += ": " + what
 	}
 	return s
