@@ -133,6 +133,11 @@ func (a *authEngine) read(dst []byte, first uint64, n int, out *readOut) error {
 			a.commits.release()
 		}
 		if err != nil {
+			if errors.Is(err, ErrFreshness) {
+				// Every sector of the request that the refused metadata covers fails with
+				// it: each is an authentication failure as much as a bad tag.
+				a.stats.authFailures.Add(uint64(n))
+			}
 			return err
 		}
 		if ok {

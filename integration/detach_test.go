@@ -59,7 +59,12 @@ func TestDetachReportsFailure(t *testing.T) {
 		State, Error    string
 		Writes, Commits uint64
 	}
-	if err := json.Unmarshal([]byte(e.OK("status", "--json", "full.img").Stdout), &st); err != nil {
+	// status prints the status, and exits 1 for a failed volume.
+	sr := e.Run("", "status", "--json", "full.img")
+	if sr.Code != 1 || !strings.Contains(sr.Stderr, "no space left") {
+		t.Errorf("eli status of a failed volume: want exit 1 and the failure on stderr: %v", sr)
+	}
+	if err := json.Unmarshal([]byte(sr.Stdout), &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.State != "failed" || !strings.Contains(st.Error, "no space left") || st.Writes == 0 || st.Commits == 0 {
@@ -84,7 +89,8 @@ func TestDetachReportsFailure(t *testing.T) {
 	if got := strings.Join(left, " "); got != "full.img.log full.img.status" {
 		t.Errorf("state directory after the failed detach: %s; want the log and the status", got)
 	}
-	if out := e.OK("status", "full.img").Stdout; !strings.Contains(out, "stopped") || !strings.Contains(out, "no space left") {
+	if r := e.Run("", "status", "full.img"); r.Code != 1 || !strings.Contains(r.Stdout, "stopped") || !strings.Contains(r.Stdout, "no space left") {
+		out := r.String()
 		t.Errorf("status of the stopped, failed server:\n%s", out)
 	}
 

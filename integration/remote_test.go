@@ -458,8 +458,8 @@ func TestRemoteFaultFilters(t *testing.T) {
 	if !bytes.Equal(got, data[:block]) && !bytes.Equal(got, data[block:2*block]) {
 		t.Fatal("read after a failed write: wrong data")
 	}
-	if st := e.OK("status", "f").Stdout; !strings.Contains(st, "failed") {
-		t.Fatalf("status after a failed write:\n%s", st)
+	if st := e.Run("", "status", "f"); st.Code != 1 || !strings.Contains(st.Stdout, "failed") {
+		t.Fatalf("status after a failed write: want the failed state and exit 1: %v", st)
 	}
 	c.Close()
 	e.Run("", "detach", "f") // the final commit fails: the volume's writes stopped
@@ -507,7 +507,7 @@ func TestRemoteSecondAttach(t *testing.T) {
 	// A's server finds the mark rewritten at its next heartbeat and fences itself: its
 	// status turns failed without a write, and it refuses writes from then on.
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(a.OK("status", "a").Stdout, "failed") {
+	for !strings.Contains(a.Run("", "status", "a").Stdout, "failed") {
 		if time.Now().After(deadline) {
 			t.Fatalf("server a still serving 30 s after the takeover:\n%s", a.serverLog("a"))
 		}

@@ -204,6 +204,8 @@ func (p *File) refreshSize() error {
 			return fmt.Errorf("block size of block device %s: %w", p.path, err)
 		}
 		p.size, p.isBlock, p.atomic = int64(n), true, bs
+	case st.IsDir():
+		return fmt.Errorf("provider %s is a directory: give a file or a block device", p.path)
 	default:
 		return fmt.Errorf("provider %s is neither a regular file nor a block device", p.path)
 	}

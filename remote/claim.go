@@ -27,16 +27,20 @@ func Interval() time.Duration {
 	return DefaultInterval
 }
 
-// HeldError: another instance heartbeats the volume.
+// HeldError: another instance heartbeats the volume (or wrote its mark since, which
+// now does not decode: Unreadable says how).
 type HeldError struct {
-	Name     string
-	Host     string
-	Instance string
+	Name       string
+	Host       string
+	Instance   string
+	Unreadable string
 }
 
 func (e *HeldError) Error() string {
-	return fmt.Sprintf("%s is attached read-write by host %q (instance %s), whose heartbeat is moving: "+
-		"detach it there first; --force takes it over (the other server then stops writing)", e.Name, e.Host, e.Instance)
+	if e.Unreadable != "" {
+		return fmt.Sprintf("the ownership mark of %s changed and is unreadable now (%s): another instance may be writing the volume", e.Name, e.Unreadable)
+	}
+	return fmt.Sprintf("%s is attached read-write by host %q (instance %s), whose heartbeat is moving", e.Name, e.Host, e.Instance)
 }
 
 // ClaimOptions say how Claim deals with a mark held by another instance.
@@ -87,7 +91,7 @@ func (s *Store) Claim(o ClaimOptions) error {
 			case err == nil && (again.Counter != first.Counter || again.Instance != first.Instance || bad):
 				return &HeldError{Name: s.name, Host: again.Host, Instance: again.InstanceString()}
 			case err != nil && !bad:
-				return fmt.Errorf("%s: the ownership mark of %s changed and is unreadable now: another instance may be writing it; --force takes it over", s.name, who)
+				return &HeldError{Name: s.name, Unreadable: fmt.Sprintf("it was %s's: %v", who, err)}
 			default:
 				notify(fmt.Sprintf("%s: the heartbeat of %s did not move in %v: taking the volume over", s.name, who, wait))
 			}

@@ -13,74 +13,181 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// IDLock is a host-wide exclusive hold on a volume ID, taken by every process that
-// writes a volume and kept by its server for as long as it runs.
+// IDLock is a host-wide hold on a volume ID: exclusive for every process that writes
+// the volume, shared for those that serve it read-only, and kept by a server for as long
+// as it runs.
 //
 // flock on the provider reaches only the file or device node that was opened: the same
 // bytes under another name (a loop device over the image file, a second path to one
 // disk, a device-mapper mapping of it) are another inode, so two servers could write one
-// volume and wreck it. The volume ID, which every path to the volume reads from its
-// header, is the same under all of them. A copy of a volume has the same ID too, and is
-// refused beside it: the two would share a witness and mistake each other's generations
-// for rollbacks.
+// volume and wreck it, or one could serve stale data read-only while another writes it.
+// The volume ID, which every path to the volume reads from its header, is the same under
+// all of them. A copy of a volume has the same ID too, and is refused beside it: the two
+// would share a witness and mistake each other's generations for rollbacks.
 //
-// The lock is an abstract unix socket (unix(7)) named by the ID: host-wide for every user
-// of the network namespace, with no file to leave behind, and the kernel frees the name
-// when the last descriptor of its socket closes, so a killed holder never blocks the
-// next attach. Its reach ends at the network namespace: processes in other namespaces
-// (containers) do not see each other's locks.
-type IDLock struct{ f *os.File }
+// The lock is made of abstract unix sockets (unix(7)) named by the ID: host-wide for
+// every user of the network namespace, with no file to leave behind, and the kernel
+// frees a name when the last descriptor of its socket closes, so a killed holder never
+// blocks the next attach. A writer binds the ID's name; a reader binds one of
+// maxReaders reader names. Each then looks for the other kind (a connect to a name
+// nobody bound is refused), after binding its own, so that of two that race at least
+// one sees the other. A server that is ready binds one more name, the ID's serving
+// name, so that a contender can tell a volume being served (refused at once) from a
+// command that is still at work on it (which may finish or fail: OpenProvider waits).
+// Its reach ends at the network namespace: processes in other namespaces (containers)
+// do not see each other's locks.
+type IDLock struct {
+	id      [16]byte
+	f       *os.File // bound to the writer's or a reader's name
+	serving *os.File // bound to the serving name, once MarkServing
+	shared  bool
+}
+
+// maxReaders bounds the read-only holders of one volume on a host.
+const maxReaders = 64
 
 // ErrIDLocked: another process of this host holds the volume ID.
 var ErrIDLocked = errors.New("the volume is already open for writing on this host")
 
-// IDHeldError is ErrIDLocked with the process that holds the lock, where it could be
-// found.
+// IDHeldError is ErrIDLocked with who holds the lock, as far as it could be found.
 type IDHeldError struct {
-	PID  int    // 0 if the holder could not be found
-	Comm string // its command name
+	ID       [16]byte
+	ReadOnly bool   // the holder serves it read-only (a writer was refused)
+	Serving  bool   // the holder is a server that is ready, not a command at work
+	PID      int    // 0 if the holder could not be found
+	Comm     string // its command name
 }
 
 func (e *IDHeldError) Error() string {
-	if e.PID == 0 {
-		return ErrIDLocked.Error()
+	what := ErrIDLocked.Error()
+	if e.ReadOnly {
+		what = "the volume is open read-only on this host"
 	}
-	return fmt.Sprintf("%v by pid %d (%s)", ErrIDLocked, e.PID, e.Comm)
+	switch {
+	case e.PID != 0 && e.Serving:
+		return fmt.Sprintf("%s: served by pid %d (%s)", what, e.PID, e.Comm)
+	case e.PID != 0:
+		return fmt.Sprintf("%s by pid %d (%s)", what, e.PID, e.Comm)
+	}
+	return what
 }
 
 func (e *IDHeldError) Is(target error) bool { return target == ErrIDLocked }
 
-// idLockName is the abstract socket address of id's lock, without the leading NUL.
-func idLockName(id [16]byte) string { return "eli/volume/" + hex.EncodeToString(id[:]) }
+// idLockName is the abstract socket address of id's writer lock, without the leading
+// NUL; readerName and servingName derive from it.
+func idLockName(id [16]byte) string        { return "eli/volume/" + hex.EncodeToString(id[:]) }
+func readerName(id [16]byte, k int) string { return idLockName(id) + "/ro/" + strconv.Itoa(k) }
+func servingName(id [16]byte) string       { return idLockName(id) + "/serving" }
 
-// LockID takes the host-wide lock on a volume ID; it fails at once with ErrIDLocked if
-// another process holds it.
-func LockID(id [16]byte) (*IDLock, error) {
+// bind binds a new datagram socket to the abstract name; ok false if another holds it.
+func bind(name string) (f *os.File, ok bool, err error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("volume lock: %w", err)
+		return nil, false, fmt.Errorf("volume lock: %w", err)
 	}
 	// Go spells an abstract address with a leading '@'.
-	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + idLockName(id)}); err != nil {
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + name}); err != nil {
 		unix.Close(fd)
 		if err == unix.EADDRINUSE {
-			pid, comm := idLockHolder(id)
-			return nil, &IDHeldError{PID: pid, Comm: comm}
+			return nil, false, nil
 		}
-		return nil, fmt.Errorf("volume lock: %w", err)
+		return nil, false, fmt.Errorf("volume lock: %w", err)
 	}
-	return &IDLock{f: os.NewFile(uintptr(fd), "volume-lock")}, nil
+	return os.NewFile(uintptr(fd), "volume-lock"), true, nil
 }
+
+// bound reports whether a socket holds the abstract name: a datagram connect to a name
+// nobody bound is refused. Any other answer counts as bound, which errs on the side of
+// refusing.
+func bound(name string) bool {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return true
+	}
+	defer unix.Close(fd)
+	return unix.Connect(fd, &unix.SockaddrUnix{Name: "@" + name}) != unix.ECONNREFUSED
+}
+
+// LockID takes the exclusive host-wide lock on a volume ID, for a writer; it fails at
+// once with an *IDHeldError if a writer or a reader holds it.
+func LockID(id [16]byte) (*IDLock, error) {
+	f, ok, err := bind(idLockName(id))
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, held(id, idLockName(id), false)
+	}
+	for k := range maxReaders {
+		if name := readerName(id, k); bound(name) {
+			f.Close()
+			return nil, held(id, name, true)
+		}
+	}
+	return &IDLock{id: id, f: f}, nil
+}
+
+// LockIDShared takes a shared hold on a volume ID, for a reader: any number of readers
+// (up to maxReaders) share it, and it fails at once with an *IDHeldError while a writer
+// holds the ID.
+func LockIDShared(id [16]byte) (*IDLock, error) {
+	var f *os.File
+	for k := 0; f == nil; k++ {
+		if k == maxReaders {
+			return nil, fmt.Errorf("volume lock: %d read-only users of the volume on this host already", maxReaders)
+		}
+		var ok bool
+		var err error
+		if f, ok, err = bind(readerName(id, k)); err != nil {
+			return nil, err
+		} else if !ok {
+			f = nil
+		}
+	}
+	if bound(idLockName(id)) {
+		f.Close()
+		return nil, held(id, idLockName(id), false)
+	}
+	return &IDLock{id: id, f: f, shared: true}, nil
+}
+
+// held describes who holds name, a lock of id.
+func held(id [16]byte, name string, readOnly bool) *IDHeldError {
+	e := &IDHeldError{ID: id, ReadOnly: readOnly, Serving: readOnly || bound(servingName(id))}
+	e.PID, e.Comm = lockHolder(name, !readOnly)
+	return e
+}
+
+// MarkServing says that the holder is a server that is ready: contenders are refused at
+// once rather than waiting for it to finish (a reader's hold says so by itself).
+func (l *IDLock) MarkServing() error {
+	if l == nil || l.shared || l.serving != nil {
+		return nil
+	}
+	f, ok, err := bind(servingName(l.id))
+	if err != nil {
+		return err
+	}
+	if ok {
+		l.serving = f
+	}
+	return nil
+}
+
+// Shared reports whether this is a reader's hold.
+func (l *IDLock) Shared() bool { return l.shared }
 
 // IDLockFromFile adopts a lock inherited from the process that took it (the background
 // server's); it returns nil if f is not such a lock.
-func IDLockFromFile(f *os.File) *IDLock {
+func IDLockFromFile(f *os.File, id [16]byte) *IDLock {
 	sa, err := unix.Getsockname(int(f.Fd()))
-	if u, ok := sa.(*unix.SockaddrUnix); err != nil || !ok || len(u.Name) < 2 || u.Name[0] != '@' {
+	u, ok := sa.(*unix.SockaddrUnix)
+	if err != nil || !ok || !strings.HasPrefix(u.Name, "@"+idLockName(id)) {
 		f.Close()
 		return nil
 	}
-	return &IDLock{f: f}
+	return &IDLock{id: id, f: f, shared: u.Name != "@"+idLockName(id)}
 }
 
 // File is the lock's socket, for a child process to inherit.
@@ -89,21 +196,27 @@ func (l *IDLock) File() *os.File { return l.f }
 // Close lets go of this process's hold; the ID is free once no process holds the
 // socket.
 func (l *IDLock) Close() {
-	if l != nil {
-		l.f.Close()
+	if l == nil {
+		return
 	}
+	if l.serving != nil {
+		l.serving.Close()
+	}
+	l.f.Close()
 }
 
-// idLockHolder finds a process that holds id's lock, as ss -xp would: the socket's inode
-// in /proc/net/unix, then a process with a descriptor on it. It sees only the
+// lockHolder finds a process that holds the abstract socket name, as ss -xp would: the
+// socket's inode in /proc/net/unix, then a process with a descriptor on it; with
+// preferServer, one that runs eli's server ("__serve") rather than the command that
+// started it, which lets go of it once the server is ready. It sees only the
 // descriptors this process may read (all of them as root); pid is 0 where it finds none.
-func idLockHolder(id [16]byte) (pid int, comm string) {
+func lockHolder(name string, preferServer bool) (pid int, comm string) {
 	f, err := os.Open("/proc/net/unix")
 	if err != nil {
 		return 0, ""
 	}
 	defer f.Close()
-	want, inode := "@"+idLockName(id), ""
+	want, inode := "@"+name, ""
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// Num RefCount Protocol Flags Type St Inode Path
@@ -122,11 +235,20 @@ func idLockHolder(id [16]byte) (pid int, comm string) {
 			continue
 		}
 		dir := filepath.Dir(filepath.Dir(fd))
-		if pid, err = strconv.Atoi(filepath.Base(dir)); err != nil {
+		p, err := strconv.Atoi(filepath.Base(dir))
+		if err != nil || p == pid {
 			continue
 		}
 		c, _ := os.ReadFile(filepath.Join(dir, "comm"))
-		return pid, strings.TrimSpace(string(c))
+		if pid == 0 {
+			pid, comm = p, strings.TrimSpace(string(c))
+		}
+		if !preferServer {
+			break
+		}
+		if args, _ := os.ReadFile(filepath.Join(dir, "cmdline")); strings.Contains(string(args), "\x00__serve") {
+			return p, strings.TrimSpace(string(c))
+		}
 	}
-	return 0, ""
+	return pid, comm
 }

@@ -34,7 +34,7 @@ func TestIDLock(t *testing.T) {
 
 	// A descriptor handed on (as to the background server) is the lock: it holds while
 	// any copy of it is open.
-	adopted := IDLockFromFile(os.NewFile(uintptr(dup(t, l.File())), "inherited"))
+	adopted := IDLockFromFile(os.NewFile(uintptr(dup(t, l.File())), "inherited"), a)
 	if adopted == nil {
 		t.Fatal("IDLockFromFile does not recognize a lock")
 	}
@@ -53,7 +53,7 @@ func TestIDLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if IDLockFromFile(f) != nil {
+	if IDLockFromFile(f, a) != nil {
 		t.Fatal("IDLockFromFile takes /dev/null for a lock")
 	}
 }
@@ -71,4 +71,60 @@ func dup(t *testing.T, f *os.File) int {
 		t.Fatal(derr)
 	}
 	return fd
+}
+
+// TestIDLockShared: readers share a volume ID and exclude a writer, who excludes them;
+// a writer's refusal says whether the holder serves the volume.
+func TestIDLockShared(t *testing.T) {
+	var id [16]byte
+	rand.Read(id[:])
+	r1, err := LockIDShared(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := LockIDShared(id)
+	if err != nil {
+		t.Fatalf("a second reader: %v", err)
+	}
+	var held *IDHeldError
+	if _, err := LockID(id); !errors.As(err, &held) || !held.ReadOnly || !held.Serving {
+		t.Fatalf("a writer beside readers: %v, want an IDHeldError naming read-only holders", err)
+	}
+	r1.Close()
+	r2.Close()
+	w, err := LockID(id)
+	if err != nil {
+		t.Fatalf("a writer once the readers are gone: %v", err)
+	}
+	if _, err := LockIDShared(id); !errors.As(err, &held) || held.ReadOnly || held.Serving {
+		t.Fatalf("a reader beside a writer at work: %v, want an IDHeldError, not serving", err)
+	}
+	if err := w.MarkServing(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LockID(id); !errors.As(err, &held) || !held.Serving {
+		t.Fatalf("a writer beside a server: %v, want it named as serving", err)
+	}
+	// An inherited reader's hold stays a reader's.
+	r3, err := LockIDShared(id)
+	if err == nil {
+		t.Fatal("a reader beside a writer")
+	}
+	w.Close()
+	if r3, err = LockIDShared(id); err != nil {
+		t.Fatal(err)
+	}
+	adopted := IDLockFromFile(os.NewFile(uintptr(dup(t, r3.File())), "inherited"), id)
+	r3.Close()
+	if adopted == nil || !adopted.Shared() {
+		t.Fatalf("adopted reader's hold: %+v", adopted)
+	}
+	if _, err := LockID(id); err == nil {
+		t.Fatal("a writer beside an inherited reader")
+	}
+	adopted.Close()
+	if w, err = LockID(id); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
 }

@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,6 +20,11 @@ import (
 // most a status file lags behind (a failure is written at once).
 const statusEvery = 250 * time.Millisecond
 
+// DefaultStopTimeout bounds a server's shutdown when nobody said otherwise
+// (StateDir.RequestStop): draining its connections and its final commit end by then,
+// its requests to a remote provider cut short if the storage does not answer.
+const DefaultStopTimeout = 30 * time.Second
+
 // Run is a whole attachment's life: listen, open the volume on the unlocked provider p,
 // serve it, record it in the state directory, keep its status there, and when ctx ends
 // or a listener fails, stop: disconnect the kernel device, drain, close the volume,
@@ -28,8 +35,13 @@ const statusEvery = 250 * time.Millisecond
 // is the attach's failure; one returned after it is the server's final status (for
 // example a final commit that the provider refused).
 //
+// The shutdown is bounded: by the deadline StateDir.RequestStop gave (eli detach), or
+// DefaultStopTimeout after ctx ends; a remote provider's requests end by then (see
+// Server.Shutdown). Meanwhile the status says "stopping".
+//
 // The caller holds the name's lock and the provider's, and releases them after Run
-// returns (the provider first: see StateDir).
+// returns (the provider first: see StateDir); the record stays until the name's lock
+// is released, so that a server that still runs is always listed.
 func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk *keys.MasterKey, log *slog.Logger, ready func(*Record)) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -75,7 +87,11 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 	if cfg.KeepBusyDevice {
 		keepIfBusy(srv, log)
 	}
-	serr := srv.Shutdown(context.Background())
+	sw.stopping.Store(true)
+	sw.write()
+	sctx, scancel := context.WithDeadline(context.Background(), sd.stopDeadline(cfg.Name, DefaultStopTimeout))
+	serr := srv.Shutdown(sctx)
+	scancel()
 	close(done)
 	<-stopped
 
@@ -83,8 +99,16 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 	if werr != nil && serr == nil {
 		serr = werr
 	}
-	// A failed server keeps its status and log for the user; the next attach removes them.
-	sd.Cleanup(cfg.Name, rec, !final.Failed())
+	// Clients can no longer connect. A server that failed, or whose witness is behind,
+	// keeps its status and log for the user; the next attach removes them. The record
+	// goes with the name's lock (NameLock.Release).
+	removeIfSocket(cfg.Socket)
+	removeIfSocket(sd.File(cfg.Name, ".sock"))
+	if final.Problem() == "" {
+		os.Remove(sd.File(cfg.Name, ".status"))
+		os.Remove(sd.File(cfg.Name, ".log"))
+		os.Remove(sd.File(cfg.Name, ".log.1"))
+	}
 	return serr
 }
 
@@ -133,17 +157,23 @@ func Start(cfg *Config, p provider.Provider, mk *keys.MasterKey, log *slog.Logge
 
 // statusWriter keeps NAME.status current.
 type statusWriter struct {
-	sd   StateDir
-	v    *Volume
-	name string
-	pid  int
-	log  *slog.Logger
+	sd       StateDir
+	v        *Volume
+	name     string
+	pid      int
+	log      *slog.Logger
+	stopping atomic.Bool
+
+	mu   sync.Mutex // put, from the writer goroutine and from Run
 	last Status
 }
 
 func (w *statusWriter) snapshot() Status {
 	st := w.v.Status()
 	st.Name, st.Pid = w.name, w.pid
+	if w.stopping.Load() && st.State != StateFailed {
+		st.State = StateStopping
+	}
 	return st
 }
 
@@ -153,6 +183,8 @@ func (w *statusWriter) write() {
 }
 
 func (w *statusWriter) put(st *Status) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	cmp := *st
 	cmp.Updated = w.last.Updated
 	if reflect.DeepEqual(cmp, w.last) && !w.last.Updated.IsZero() {
@@ -193,6 +225,7 @@ func (w *statusWriter) final(err error) Status {
 	if f := w.v.Err(); f != nil {
 		st.Error = f.Error()
 	}
+	st.Witness = w.v.WitnessProblem() // after Close: its last write
 	w.put(&st)
 	return st
 }

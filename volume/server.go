@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"github.com/elidisk/eli/nbd"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/nbdkernel"
+	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -57,6 +59,34 @@ type Config struct {
 	// --foreground' sets it: a supervisor's stop or restart is not 'eli detach', which
 	// refuses a device in use before it asks the server to stop.
 	KeepBusyDevice bool `json:"keep_busy_device,omitempty"`
+	// RemoteRequestTimeout and RemoteQueueTimeout are a remote provider's
+	// remote.Options (0: their defaults; a negative queue timeout holds requests
+	// without end, nbdclient.Forever).
+	RemoteRequestTimeout time.Duration `json:"remote_request_timeout,omitempty"`
+	RemoteQueueTimeout   time.Duration `json:"remote_queue_timeout,omitempty"`
+}
+
+// RemoteOptions are the options a remote provider is reached with; logf hears of lost
+// connections.
+func (cfg *Config) RemoteOptions(logf func(string, ...any)) remote.Options {
+	return remote.Options{Logf: logf, RequestTimeout: cfg.RemoteRequestTimeout, QueueTimeout: cfg.RemoteQueueTimeout}
+}
+
+// kernelTimeout is the request timeout of the kernel device: 30 s, or for a remote
+// provider longer than eli may hold a request for its storage (the kernel would give a
+// request up, and drop the connection, while eli still waits for the storage to come
+// back), and 0, the kernel's default, which never gives up, when eli holds requests
+// without end.
+func (cfg *Config) kernelTimeout() uint64 {
+	const local = 30
+	if !remote.IsURI(cfg.Provider) {
+		return local
+	}
+	if cfg.RemoteQueueTimeout < 0 {
+		return 0
+	}
+	hold := max(cfg.RemoteQueueTimeout, cfg.RemoteRequestTimeout, remote.DefaultRequestTimeout)
+	return max(local, uint64((hold+10*time.Second)/time.Second))
 }
 
 // Options are the Open options cfg asks for.
@@ -178,7 +208,7 @@ func (s *Server) Start(v *Volume) error {
 		Name: s.cfg.Name, Provider: s.cfg.Provider, Dev: dev, Ino: ino, Mode: v.Mode().String(), Format: v.Format(),
 		SectorSize: v.SectorSize(), Size: v.Size(), Socket: s.cfg.Socket, Listen: s.tcpAddr, URI: UnixURI(s.cfg.Socket),
 		Device: s.cfg.Device, DeviceIdx: s.devIndex, ReadOnly: s.cfg.ReadOnly, Onetime: s.cfg.Onetime,
-		Pid: os.Getpid(), Log: s.cfg.LogFile,
+		Pid: os.Getpid(), Log: s.cfg.LogFile, VolumeID: hex.EncodeToString(s.cfg.VolumeID[:]), Warnings: v.Warnings(),
 	}
 	r := v.Recovery()
 	s.log.Info("attached", "name", s.cfg.Name, "provider", s.cfg.Provider, "mode", v.Mode().String(),
@@ -222,7 +252,7 @@ func (s *Server) connectKernel() (int, error) {
 	}
 	idx, replugged, err := nbdkernel.Attach(nbdkernel.Config{
 		Index: idx, Size: uint64(s.vol.Size()), BlockSize: uint64(s.vol.SectorSize()),
-		ServerFlags: flags, TimeoutSeconds: 30, Sockets: files,
+		ServerFlags: flags, TimeoutSeconds: s.cfg.kernelTimeout(), Sockets: files,
 		DeadConnTimeoutSeconds: nbdkernel.DeadConnTimeout,
 		Backend:                nbdkernel.BackendID(s.cfg.VolumeID[:]),
 	})
@@ -257,8 +287,12 @@ func (s *Server) Wait(ctx context.Context) error {
 // closes every connection, and closes the volume: the final commit and flush, and the
 // wiping of its keys. Its error is the volume's final status; nil means every write the
 // server acknowledged is on the provider. Connections still busy when ctx ends (30 s at
-// most) are closed.
+// most) are closed. A provider that can bound its I/O (a remote one, Deadliner) ends
+// every request by ctx's deadline, so that Shutdown ends whatever the storage does.
 func (s *Server) Shutdown(ctx context.Context) error {
+	if d, ok := ctx.Deadline(); ok && s.vol != nil && s.vol.deadliner != nil {
+		s.vol.deadliner.SetDeadline(d)
+	}
 	s.stopServing(ctx)
 	if s.vol == nil || s.closed {
 		return s.closeErr

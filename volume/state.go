@@ -1,6 +1,8 @@
 package volume
 
 import (
+	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -20,9 +23,12 @@ import (
 //
 //	NAME.lock    flock'ed by the server for its whole life: the liveness test. A record
 //	             whose lock can be taken belongs to a server that is gone (killed,
-//	             crashed). The server removes it, still holding it, when it stops.
+//	             crashed). It holds the pid of its holder, so that a server is found
+//	             whatever state it is in. The server removes it, still holding it, as
+//	             the very last thing it does.
 //	NAME.json    the record `eli list` and `eli detach` read, written once the export is
-//	             ready
+//	             ready and removed with the lock: a server that still runs has one
+//	NAME.stop    the deadline `eli detach` gives the server's shutdown
 //	NAME.sock    the default unix socket
 //	NAME.status  the server's Status, rewritten while it runs (see Status)
 //	NAME.log     the server's log when it runs in the background, at most MaxLogBytes,
@@ -55,6 +61,11 @@ type Record struct {
 	Onetime    bool   `json:"onetime,omitempty"`
 	Pid        int    `json:"pid"`
 	Log        string `json:"log,omitempty"`
+	VolumeID   string `json:"volume_id,omitempty"` // hex
+	// Warnings are what the attach found wrong that does not stop the volume (header
+	// copy B missing, no witness to check the provider against, a witness that cannot
+	// be written); attach prints them.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$`)
@@ -130,6 +141,8 @@ func (s StateDir) File(name, ext string) string { return filepath.Join(s.Path, n
 type NameLock struct {
 	f    *os.File
 	path string
+	dir  StateDir
+	name string
 }
 
 // ErrNameTaken: a live server holds the name.
@@ -156,24 +169,85 @@ func (s StateDir) LockName(name string) (*NameLock, error) {
 		// Its holder removes the file before it lets go: a lock on a file that is no
 		// longer at path is a lock on nothing, so try again with whatever is there now.
 		if samePath(f, path) {
-			return &NameLock{f: f, path: path}, nil
+			l := &NameLock{f: f, path: path, dir: s, name: name}
+			l.SetPID(os.Getpid())
+			return l, nil
 		}
 		f.Close()
 	}
 }
 
-// NameLockFromFile adopts a lock inherited already locked (the background server's).
+// NameHeldError: a live process holds the name. Record is the volume it serves, or nil
+// while that process is still starting its server.
+type NameHeldError struct {
+	Name   string
+	PID    int
+	Record *Record
+}
+
+func (e *NameHeldError) Error() string {
+	if e.Record != nil {
+		return fmt.Sprintf("the name %s is attached to %s (pid %d)", e.Name, e.Record.Provider, e.PID)
+	}
+	return fmt.Sprintf("the name %s is being attached by pid %d", e.Name, e.PID)
+}
+
+func (e *NameHeldError) Unwrap() error { return ErrNameTaken }
+
+// LockNameWait is LockName for an attach: a name whose holder is still starting (no
+// record yet: it may fail) is waited for, up to wait (DefaultLockWait when 0); a name
+// that a server holds, or one still held after the wait, fails with *NameHeldError.
+func (s StateDir) LockNameWait(name string, wait time.Duration) (*NameLock, error) {
+	var l *NameLock
+	err := waitLock(wait, func() (bool, error) {
+		var err error
+		if l, err = s.LockName(name); !errors.Is(err, ErrNameTaken) {
+			return false, err
+		}
+		e := &NameHeldError{Name: name, PID: s.lockPID(name)}
+		if rec, rerr := s.ReadRecord(name); rerr == nil {
+			e.Record = rec
+		}
+		return e.Record == nil, e
+	})
+	return l, err
+}
+
+// NameLockFromFile adopts a lock inherited already locked (the background server's),
+// and says in it that this process holds it now.
 func (s StateDir) NameLockFromFile(f *os.File, name string) *NameLock {
-	return &NameLock{f: f, path: s.File(name, ".lock")}
+	l := &NameLock{f: f, path: s.File(name, ".lock"), dir: s, name: name}
+	l.SetPID(os.Getpid())
+	return l
+}
+
+// SetPID writes pid into the lock file, for List to name the process that holds it.
+func (l *NameLock) SetPID(pid int) {
+	if err := l.f.Truncate(0); err == nil {
+		l.f.WriteAt([]byte(strconv.Itoa(pid)+"\n"), 0)
+	}
+}
+
+// lockPID is the pid the holder of NAME's lock wrote in it, or 0.
+func (s StateDir) lockPID(name string) int {
+	b, err := os.ReadFile(s.File(name, ".lock"))
+	if err != nil || len(b) > 32 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
 }
 
 // File is the locked file, for a child process to inherit.
 func (l *NameLock) File() *os.File { return l.f }
 
-// Release removes the lock file and lets go of the lock: the name is free and leaves
-// nothing behind. Only the lock's holder may call it (the file is removed while locked).
+// Release removes the record, the stop request and the lock file, and lets go of the
+// lock: the name is free and leaves nothing behind but a failed server's status and
+// log. Only the lock's holder may call it (the files are removed while locked).
 func (l *NameLock) Release() {
 	if samePath(l.f, l.path) {
+		os.Remove(l.dir.File(l.name, ".json"))
+		os.Remove(l.dir.File(l.name, ".stop"))
 		os.Remove(l.path)
 	}
 	l.f.Close()
@@ -225,6 +299,7 @@ func (s StateDir) Cleanup(name string, rec *Record, all bool) {
 	}
 	removeIfSocket(s.File(name, ".sock"))
 	os.Remove(s.File(name, ".json"))
+	os.Remove(s.File(name, ".stop"))
 	if all {
 		os.Remove(s.File(name, ".status"))
 		os.Remove(s.File(name, ".log"))
@@ -295,9 +370,25 @@ func (s StateDir) ReadStatus(name string) (*Status, error) {
 	return &st, nil
 }
 
-// Live lists the records of running servers, sorted by name, and clears away what dead
-// ones left behind (but the status and log of a failed one).
-func (s StateDir) Live() ([]*Record, error) {
+// Entry is a server List found: every process that holds a name's lock, whatever
+// state it is in.
+type Entry struct {
+	Name string
+	Pid  int
+	// Record is the server's record; nil while it is starting (it writes its record
+	// once its export is ready).
+	Record *Record
+	// Status is its last status, nil if it wrote none.
+	Status *Status
+	// State is what the server is doing: a Status state (serving, degraded, failed,
+	// stopping), StateStarting before it has a record, or StateSuspended when its
+	// process is stopped (SIGSTOP, a debugger), which answers nothing until resumed.
+	State string
+}
+
+// List finds every server of this state directory that still runs, sorted by name,
+// and clears away what dead ones left behind (but the status and log of a failed one).
+func (s StateDir) List() ([]Entry, error) {
 	ents, err := os.ReadDir(s.Path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -306,7 +397,7 @@ func (s StateDir) Live() ([]*Record, error) {
 		return nil, fmt.Errorf("read state directory: %w", err)
 	}
 	seen := map[string]bool{}
-	var out []*Record
+	var out []Entry
 	for _, e := range ents {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok {
@@ -316,7 +407,7 @@ func (s StateDir) Live() ([]*Record, error) {
 			continue
 		}
 		seen[name] = true
-		rec, err := s.ReadRecord(name)
+		rec, _ := s.ReadRecord(name)
 		if !s.Alive(name) {
 			if l, lerr := s.LockName(name); lerr == nil {
 				s.Cleanup(name, rec, false)
@@ -324,13 +415,85 @@ func (s StateDir) Live() ([]*Record, error) {
 			}
 			continue
 		}
-		if err != nil {
-			continue
-		}
-		out = append(out, rec)
+		out = append(out, s.entry(name, rec))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// entry describes the live server of name.
+func (s StateDir) entry(name string, rec *Record) Entry {
+	e := Entry{Name: name, Record: rec, Pid: s.lockPID(name)}
+	if e.Pid == 0 && rec != nil {
+		e.Pid = rec.Pid
+	}
+	if st, err := s.ReadStatus(name); err == nil && (e.Pid == 0 || st.Pid == e.Pid) {
+		e.Status = st
+		if e.Pid == 0 {
+			e.Pid = st.Pid
+		}
+	}
+	switch {
+	case e.Pid != 0 && processStopped(e.Pid):
+		e.State = StateSuspended
+	case e.Status != nil && e.Status.State == StateStopped:
+		e.State = StateStopping // its final status is written; it is letting go
+	case e.Status != nil:
+		e.State = e.Status.State
+	case rec == nil:
+		e.State = StateStarting
+	default:
+		e.State = "unknown"
+	}
+	return e
+}
+
+// processStopped reports whether process pid is stopped (state T or t in
+// /proc/PID/stat, proc(5)).
+func processStopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses; the state follows
+	// the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] == 'T' || b[i+2] == 't'
+}
+
+// Live lists the records of running servers that have one, sorted by name (see List).
+func (s StateDir) Live() ([]*Record, error) {
+	ents, err := s.List()
+	var out []*Record
+	for _, e := range ents {
+		if e.Record != nil {
+			out = append(out, e.Record)
+		}
+	}
+	return out, err
+}
+
+// RequestStop tells the server of name how long its shutdown may take: its I/O to the
+// provider ends by deadline whatever the storage does (a remote provider's requests are
+// cut short; a local disk's I/O cannot be), then it lets go. Send the stop signal after.
+func (s StateDir) RequestStop(name string, deadline time.Time) error {
+	return s.writeJSON(name, ".stop", stopRequest{Deadline: deadline})
+}
+
+type stopRequest struct {
+	Deadline time.Time `json:"deadline"`
+}
+
+// stopDeadline is the deadline RequestStop gave name's server, or now+def.
+func (s StateDir) stopDeadline(name string, def time.Duration) time.Time {
+	var r stopRequest
+	if err := s.readJSON(name, ".stop", &r); err == nil && !r.Deadline.IsZero() {
+		return r.Deadline
+	}
+	return time.Now().Add(def)
 }
 
 // FileID identifies a provider independently of the path used to name it.
@@ -345,28 +508,45 @@ func FileID(path string) (dev, ino uint64, err error) {
 	return st.Dev, st.Ino, nil
 }
 
-// Find resolves what the user typed (a name, or a provider path) to a live record.
+// Find resolves what the user typed (a name, or a provider path) to a live server: by
+// name whatever its state (a server still starting has a minimal record: its name and
+// pid), and by provider among those with a record.
 func (s StateDir) Find(arg string) (*Record, error) {
-	recs, err := s.Live()
+	ents, err := s.List()
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range recs {
-		if r.Name == arg {
-			return r, nil
+	for _, e := range ents {
+		if e.Name == arg {
+			if e.Record != nil {
+				return e.Record, nil
+			}
+			return &Record{Name: e.Name, Pid: e.Pid}, nil
 		}
 	}
-	for _, r := range recs {
-		if r.Provider == arg { // a remote provider, by its URI
-			return r, nil
+	for _, e := range ents {
+		if e.Record != nil && e.Record.Provider == arg { // a remote provider, by its URI
+			return e.Record, nil
 		}
 	}
 	if dev, ino, err := FileID(arg); err == nil {
-		for _, r := range recs {
-			if r.Dev == dev && r.Ino == ino {
-				return r, nil
+		for _, e := range ents {
+			if e.Record != nil && e.Record.Dev == dev && e.Record.Ino == ino {
+				return e.Record, nil
 			}
 		}
 	}
 	return nil, fmt.Errorf("%s is not attached (see 'eli list')", arg)
+}
+
+// Serving finds a live server of the volume with this ID, or returns nil.
+func (s StateDir) Serving(id [16]byte) *Record {
+	recs, _ := s.Live()
+	want := hex.EncodeToString(id[:])
+	for _, r := range recs {
+		if r.VolumeID == want {
+			return r
+		}
+	}
+	return nil
 }

@@ -3,13 +3,21 @@ package volume
 import (
 	"fmt"
 	"time"
+
+	"github.com/elidisk/eli/nbdclient"
 )
 
 // States of a volume in its Status.
 const (
 	StateServing = "serving" // attached and answering
-	StateFailed  = "failed"  // the provider failed a write or flush (authenticated modes then refuse writes)
-	StateStopped = "stopped" // the server has exited (Status.Final says how)
+	// StateDegraded: serving, but without the protection against rollback its format
+	// promises: the witness cannot be written (Status.Witness says why).
+	StateDegraded  = "degraded"
+	StateFailed    = "failed"    // the provider failed a write or flush (authenticated modes then refuse writes)
+	StateStopping  = "stopping"  // shutting down: draining, the final commit, letting go
+	StateStopped   = "stopped"   // the server has exited (Status.Final says how)
+	StateStarting  = "starting"  // List: the process holds the name but has no record yet
+	StateSuspended = "suspended" // List: the process is stopped (SIGSTOP) and answers nothing
 )
 
 // Status is what the server reports about its volume: `eli status`, the state column of
@@ -27,6 +35,14 @@ type Status struct {
 	// Final is the outcome of the last commit and flush when the server stopped: "ok",
 	// or what failed. Empty while the server runs.
 	Final string `json:"final,omitempty"`
+	// Witness says why the volume's witness does not hold its latest flushed state
+	// (State "degraded" while serving); empty when it does, or the volume has none.
+	Witness string `json:"witness,omitempty"`
+	// Storage says what is wrong with a remote provider's connections (unreachable, not
+	// answering, no longer this volume); empty while they work, and for local ones.
+	Storage string `json:"storage,omitempty"`
+	// LastFlush is when the last flush the server acknowledged completed.
+	LastFlush time.Time `json:"last_flush,omitzero"`
 
 	Reads        uint64 `json:"reads"`
 	Writes       uint64 `json:"writes"`
@@ -73,6 +89,14 @@ func (v *Volume) Status() Status {
 		RecoveredSectors: r.Sectors,
 		Authenticated:    v.mode.Authenticated(),
 	}
+	s.LastFlush = v.LastFlush()
+	s.Witness = v.WitnessProblem()
+	if s.Witness != "" {
+		s.State = StateDegraded
+	}
+	if v.health != nil {
+		s.Storage = describeHealth(v.health())
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.failed != nil {
@@ -84,15 +108,41 @@ func (v *Volume) Status() Status {
 	return s
 }
 
+// describeHealth says what is wrong with a remote provider's connections, or "".
+func describeHealth(h nbdclient.Health) string {
+	switch {
+	case h.Broken != nil:
+		return "stopped: " + h.Broken.Error()
+	case !h.Connected:
+		s := "unreachable since " + h.DownSince.Format(time.TimeOnly)
+		if h.LastError != nil {
+			s += " (" + h.LastError.Error() + ")"
+		}
+		return s + "; reconnecting"
+	case h.Oldest >= slowRequest:
+		return fmt.Sprintf("not answering: a request has waited %v", h.Oldest.Round(time.Second))
+	case h.Reconnections > 0:
+		return fmt.Sprintf("connected; the connection was lost and re-established %d times", h.Reconnections)
+	}
+	return ""
+}
+
+// slowRequest is how long a request to remote storage waits before status calls the
+// storage not answering.
+const slowRequest = 5 * time.Second
+
 // Failed reports whether the server stopped, or runs, with its data not all safe.
 func (s *Status) Failed() bool {
 	return s.State == StateFailed || s.Error != "" || (s.Final != "" && s.Final != "ok")
 }
 
 // Problem is one line saying what failed and what state the data is in ("" when nothing
-// failed).
+// failed): the data first, then a witness that does not hold the latest state.
 func (s *Status) Problem() string {
 	if !s.Failed() {
+		if s.Witness != "" {
+			return fmt.Sprintf("%s: the data is safe, but %s", s.Name, s.Witness)
+		}
 		return ""
 	}
 	finalFailed := s.Final != "" && s.Final != "ok"
@@ -107,13 +157,21 @@ func (s *Status) Problem() string {
 	default:
 		what = "the final commit and flush failed: " + s.Final
 	}
+	flushed := "what was flushed before the failure is safe"
+	if !s.LastFlush.IsZero() {
+		flushed += " (the last flush completed at " + s.LastFlush.Format(time.TimeOnly) + ")"
+	}
 	var data string
 	if s.Authenticated {
-		data = "what was flushed before the failure is safe; writes since then may be lost, " +
+		data = flushed + "; writes since then may be lost, " +
 			"and the next attach rolls the journal forward or back to a consistent volume"
 	} else {
-		data = "what was flushed before the failure is safe; writes since then may be lost " +
+		data = flushed + "; writes since then may be lost " +
 			"or partly written (this mode has no journal)"
 	}
-	return fmt.Sprintf("%s: %s; %s", s.Name, what, data)
+	msg := fmt.Sprintf("%s: %s; %s", s.Name, what, data)
+	if s.Witness != "" {
+		msg += "; and " + s.Witness
+	}
+	return msg
 }

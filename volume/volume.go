@@ -13,6 +13,7 @@ import (
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/nbd"
+	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/reencrypt"
 	"github.com/elidisk/eli/sector"
@@ -73,7 +74,24 @@ type Volume struct {
 	lastTime time.Time
 	changed  chan struct{} // kicked when failed is first set
 
-	fenced func() error // a remote provider's Fenced (Fencer), or nil
+	fenced    func() error            // a remote provider's Fenced (Fencer), or nil
+	health    func() nbdclient.Health // a remote provider's Health, or nil
+	deadliner Deadliner               // a remote provider, or nil
+
+	warnings  []string     // what Open found wrong that does not stop the volume
+	lastFlush atomic.Int64 // Unix nanoseconds of the last flush that succeeded
+}
+
+// Deadliner is implemented by providers whose I/O can be bounded (remote.Store): after
+// SetDeadline(t), every request ends by t whatever the storage does. Shutdown uses it.
+type Deadliner interface {
+	SetDeadline(t time.Time)
+}
+
+// healthReporter is implemented by providers that can say how their storage is doing
+// (remote.Store).
+type healthReporter interface {
+	Health() nbdclient.Health
 }
 
 // Fencer is implemented by providers that can lose the right to write: a remote one
@@ -180,7 +198,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 			wit.close()
 		}
 		if errors.Is(err, blockdev.ErrRolledBack) {
-			err = fmt.Errorf("%w (witness %s). Someone put back an older image of the provider; if you restored it on purpose, attach with --accept-rollback", err, opts.Witness)
+			err = &RollbackError{Witness: opts.Witness, WitnessGeneration: minGen, Err: err}
 		}
 		return nil, err
 	}
@@ -192,11 +210,16 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	if f, ok := p.(Fencer); ok {
 		v.fenced = f.Fenced
 	}
+	if h, ok := p.(healthReporter); ok {
+		v.health = h.Health
+	}
+	if d, ok := p.(Deadliner); ok {
+		v.deadliner = d
+	}
 	if f, ok := dev.Freshness(); ok && wit != nil {
 		if seen != nil && !opts.AcceptRollback && f.Generation == seen.Generation && f.Root != seen.Root {
 			v.Close()
-			return nil, fmt.Errorf("the provider is at generation %d as its witness %s says, but with another root: "+
-				"a copy of the provider was written since (a fork); attach the copy you trust with --accept-rollback", f.Generation, opts.Witness)
+			return nil, &RollbackError{Witness: opts.Witness, WitnessGeneration: seen.Generation, Generation: f.Generation, Fork: true}
 		}
 		if seen != nil && f.Generation > seen.Generation {
 			log.Info("provider newer than its witness: a flush that the witness had not recorded yet", "witness", opts.Witness,
@@ -206,24 +229,65 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 			log.Warn("rollback accepted: the witness is reset to the provider", "witness", opts.Witness,
 				"witness_generation", seen.Generation, "generation", f.Generation)
 		}
+		if seen == nil && f.Generation > 0 {
+			w := fmt.Sprintf("no witness of this volume on this host (%s), though it has been written (generation %d): "+
+				"the provider is trusted as it is, so an older image put back would not have been noticed this time; "+
+				"its witness starts now. If this host attached the volume before, its witness was lost: "+
+				"check that the data is what you expect", opts.Witness, f.Generation)
+			v.warnings = append(v.warnings, w)
+			log.Warn("no witness: the provider is trusted as it is", "witness", opts.Witness, "generation", f.Generation)
+		}
 		wit.record(f.Generation, f.Root)
+		// The first write is made now, so that a witness that cannot be written is
+		// known (and said) at attach, not found in a log later.
+		if err := wit.writeNow(); err != nil {
+			v.warnings = append(v.warnings, witnessProblem(opts.Witness, err))
+		}
 	}
 	return v, nil
 }
 
+// witnessProblem is what a witness that cannot be written means.
+func witnessProblem(path string, err error) string {
+	return fmt.Sprintf("the witness %s cannot be written (%v): the volume works, but a rollback of the provider to an older image "+
+		"would go unnoticed while this lasts; make its directory writable (or give another witness file)", path, err)
+}
+
+// Warnings are what Open found wrong that does not stop the volume.
+func (v *Volume) Warnings() []string { return v.warnings }
+
+// WitnessProblem says why the witness does not hold the volume's latest flushed state
+// (it could not be written), or "" if it does or the volume has none.
+func (v *Volume) WitnessProblem() string {
+	if v.wit == nil {
+		return ""
+	}
+	if err := v.wit.failure(); err != nil {
+		return witnessProblem(v.wit.path, err)
+	}
+	return ""
+}
+
 // Close commits what is pending, leaves an empty journal, syncs, and wipes the keys. Its
 // error is the volume's final status: nil means every write it acknowledged is on the
-// provider. It does not close the provider.
+// provider. It does not close the provider. A witness it could not write at the end is
+// not its error (the data is safe): WitnessProblem says so.
 func (v *Volume) Close() error {
 	err := v.dev.Close()
 	v.codec.Wipe()
 	v.prev.Wipe()
 	if v.wit != nil {
-		// Its failure is logged where it happened; the data is safe either way, only a
-		// rollback to this state would go unnoticed.
 		v.wit.close()
 	}
 	return err
+}
+
+// LastFlush is when the last flush the volume acknowledged completed (zero if none).
+func (v *Volume) LastFlush() time.Time {
+	if n := v.lastFlush.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // Freshness is the generation and root of a format version 2 volume's hash tree at its
@@ -414,7 +478,11 @@ func (v *Volume) Flush() error {
 	if err := v.checkFence(); err != nil {
 		return err
 	}
-	return v.note(v.dev.Flush(), true)
+	err := v.dev.Flush()
+	if err == nil {
+		v.lastFlush.Store(time.Now().UnixNano())
+	}
+	return v.note(err, true)
 }
 
 // BlockStatus answers NBD_CMD_BLOCK_STATUS (base:allocation) from the device's records:

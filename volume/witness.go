@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/provider"
 )
 
 // A witness is a small file outside the provider that remembers how far a format
@@ -25,6 +27,59 @@ import (
 // The witness is written after the flush it records has completed, by a goroutine of
 // its own, so flushes never wait for it; it may lag behind the provider, never run
 // ahead of it.
+
+// RollbackError: the provider is older than its witness (someone put back an older
+// image of it), or at the witness's generation with another root (a copy of it was
+// written since: a fork).
+type RollbackError struct {
+	Witness           string
+	WitnessGeneration uint64
+	Generation        uint64 // the provider's (for a fork, both are the same)
+	Fork              bool
+	Err               error // blockdev.ErrRolledBack with its details, if it said so
+}
+
+func (e *RollbackError) Error() string {
+	switch {
+	case e.Fork:
+		return fmt.Sprintf("the provider is at generation %d as its witness %s says, but with another root: "+
+			"a copy of the provider was written since (a fork)", e.Generation, e.Witness)
+	case e.Err != nil:
+		return fmt.Sprintf("%v (witness %s): someone put back an older image of the provider", e.Err, e.Witness)
+	}
+	return fmt.Sprintf("%v: the provider is at generation %d, its witness %s at %d: someone put back an older image of the provider",
+		blockdev.ErrRolledBack, e.Generation, e.Witness, e.WitnessGeneration)
+}
+
+func (e *RollbackError) Unwrap() error { return blockdev.ErrRolledBack }
+
+// CheckWitness compares what a format version 2 provider's journal says of its
+// generation and root, read without the key (blockdev.PeekFreshness), with its witness,
+// before anything is locked or unlocked: a provider clearly older than the witness, or
+// a fork, is refused (*RollbackError) without holding the volume for the time of a
+// KDF. Open makes the check that counts, on what the key verifies; this one only
+// refuses what that one would (the newest slot's generation, even torn, is never below
+// the last one completed, which is all a witness ever records).
+func CheckWitness(witness string, p provider.Provider, hdr *keys.Header) error {
+	if witness == "" || !hdr.Layout.Tree() {
+		return nil
+	}
+	seen, err := readWitness(witness, hdr.VolumeID)
+	if err != nil || seen == nil {
+		return err
+	}
+	f, ok, err := blockdev.PeekFreshness(p, hdr.Layout)
+	if err != nil {
+		return nil // Open says what is wrong with the journal
+	}
+	switch {
+	case !ok && seen.Generation > 0, ok && f.Generation < seen.Generation:
+		return &RollbackError{Witness: witness, WitnessGeneration: seen.Generation, Generation: f.Generation}
+	case ok && f.Generation == seen.Generation && f.Root != seen.Root:
+		return &RollbackError{Witness: witness, WitnessGeneration: seen.Generation, Generation: f.Generation, Fork: true}
+	}
+	return nil
+}
 
 // witnessRecord is the witness file's content.
 type witnessRecord struct {
@@ -195,6 +250,33 @@ func (w *witness) flush() error {
 	w.written, w.err = f.Generation, nil
 	w.writes++
 	return nil
+}
+
+// writeNow writes the latest state at once, even a volume's first (generation 0), so
+// that a witness that cannot be written is known at attach.
+func (w *witness) writeNow() error {
+	w.mu.Lock()
+	f := w.latest
+	w.mu.Unlock()
+	err := writeWitness(w.path, w.id, f)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		w.err = err
+		return err
+	}
+	if f.Generation >= w.written {
+		w.written, w.err = f.Generation, nil
+	}
+	w.writes++
+	return nil
+}
+
+// failure is why the file does not hold the latest state reported, or nil.
+func (w *witness) failure() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
 }
 
 // close stops the writer and writes the latest state one last time, returning whether

@@ -151,7 +151,7 @@ func TestAttachListDetach(t *testing.T) {
 	// A second attach of the same provider, by name or under another name, is refused
 	// and leaves the first one serving.
 	e.FailsCode(1, "already attached", "attach", "--passphrase-file", e.Pass, img)
-	e.FailsCode(1, "in use", "attach", "--passphrase-file", e.Pass, "--name", "other", img)
+	e.FailsCode(1, "already attached as disk.img", "attach", "--passphrase-file", e.Pass, "--name", "other", img)
 	e.FailsCode(1, "is not attached", "detach", "nosuchname")
 
 	e.OK("detach", "disk.img")

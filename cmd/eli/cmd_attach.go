@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -12,10 +13,11 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/nbdkernel"
-	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
@@ -41,6 +43,9 @@ type attachOptions struct {
 	slot        int
 	cacheMiB    int
 	creds       credFlags
+	// A remote provider's timeouts (addRemoteFlags).
+	ioTimeout    time.Duration
+	queueTimeout string
 }
 
 func newAttachCmd(g *globalOptions) *cobra.Command {
@@ -70,10 +75,32 @@ path to its bytes (a loop device over the image file, a second path to the disk)
 of a copy of it, which has the same volume ID. Attach a copy once the original is
 detached; a copy in format version 2 needs a --witness of its own.
 
+A volume attached read-write is not attached read-only beside it, through any path,
+nor the other way round: a read-only server would serve what the writer's commits
+leave behind it. Read-only attaches of one volume run together.
+
+The passphrase and the key derivation come first, before any lock is taken: an attach
+with wrong keys never holds the volume against one with the right ones, and one that
+finds the volume held by a command still at work (not a server) waits up to 10 s for it.
+
 A remote PROVIDER (an NBD URI) cannot be flock'ed from here: attach claims it through
 an ownership mark that the server heartbeats. If another host's server holds it, attach
 waits three heartbeats (about 6 s) and refuses while that heartbeat moves; --force takes
-the volume over, and the other server stops writing.`,
+the volume over, and the other server stops writing.
+
+When the remote storage stops answering:
+  --io-timeout D       a request unanswered for D (default 30s) has its connection
+                       dropped and is sent again on a new one
+  --queue-timeout D    a request is held while the storage is away, and fails with
+                       EIO once it has waited D in all (default 2m: longer than a
+                       storage failover or a gateway restart, short enough that an
+                       outage reaches applications as errors, not a hang); 0 fails it
+                       at --io-timeout; 'forever' holds it until the storage is back
+                       (dm-multipath's queue_if_no_path)
+A write or flush that fails stops the volume's writes (authenticated modes) until it
+is detached and attached again: with the default, an outage shorter than two minutes
+costs clients a pause, not errors. 'eli detach' ends the server within its --timeout
+whatever the storage does.`,
 		Example: `  eli attach disk.img
   nbdinfo "$(eli attach --passphrase-file pass.txt disk.img | tail -1)"
   eli attach --device /dev/nbd0 disk.img && mount /dev/nbd0 /mnt
@@ -93,7 +120,48 @@ the volume over, and the other server stops writing.`,
 	f.BoolVar(&o.rollback, "accept-rollback", false, "attach a provider older than its witness knowingly (an image restored on purpose), and reset the witness to it")
 	f.BoolVar(&o.force, "force", false, "take a remote volume over from another host's live attach (that server stops writing)")
 	addServeFlags(cmd, o)
+	addRemoteFlags(cmd, o)
 	return cmd
+}
+
+// addRemoteFlags adds the timeouts of a remote provider (attach and onetime).
+func addRemoteFlags(cmd *cobra.Command, o *attachOptions) {
+	f := cmd.Flags()
+	f.DurationVar(&o.ioTimeout, "io-timeout", remote.DefaultRequestTimeout,
+		"remote provider: drop a connection whose request goes unanswered this long, and send the request again")
+	f.StringVar(&o.queueTimeout, "queue-timeout", defaultQueueTimeout.String(),
+		"remote provider: hold requests while the storage is away for this long in all, then fail them with EIO (0: at --io-timeout; 'forever': until it is back)")
+}
+
+// defaultQueueTimeout is --queue-timeout's default: it outlasts a storage failover or a
+// gateway restart (Ceph's 30 s watch timeout before a restarted gateway takes the image
+// back), and stays short enough for an outage to reach applications as errors, as
+// open-iscsi's replacement_timeout (120 s) does.
+const defaultQueueTimeout = 2 * time.Minute
+
+// remoteOptions are the remote provider's options the flags give.
+func (o *attachOptions) remoteOptions(path string) (remote.Options, error) {
+	var ro remote.Options
+	if o.ioTimeout == 0 {
+		o.ioTimeout = remote.DefaultRequestTimeout // not from a flag: the demo
+	}
+	if o.ioTimeout < 100*time.Millisecond {
+		return ro, usagef("--io-timeout %v: give 100ms or more", o.ioTimeout)
+	}
+	ro.RequestTimeout = o.ioTimeout
+	switch q := o.queueTimeout; q {
+	case "":
+		ro.QueueTimeout = defaultQueueTimeout
+	case "forever":
+		ro.QueueTimeout = nbdclient.Forever
+	default:
+		d, err := time.ParseDuration(q)
+		if err != nil || d < 0 {
+			return ro, usagef("--queue-timeout %q: give a duration (2m, 0) or 'forever'", q)
+		}
+		ro.QueueTimeout = d
+	}
+	return ro, nil
 }
 
 // addServeFlags adds the flags that say how a volume is served (attach and onetime).
@@ -169,7 +237,12 @@ func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Con
 		return nil, fmt.Errorf("socket path %s is too long (%d bytes; unix sockets allow at most %d): choose a shorter --socket or --state-dir",
 			socket, len(socket), limit)
 	}
+	ro, err := o.remoteOptions(path)
+	if err != nil {
+		return nil, err
+	}
 	cfg := &volume.Config{
+		RemoteRequestTimeout: ro.RequestTimeout, RemoteQueueTimeout: ro.QueueTimeout,
 		Name: name, Provider: abs, Socket: socket, Listen: o.listen,
 		TLSCert: absOrEmpty(o.tlsCert), TLSKey: absOrEmpty(o.tlsKey), TLSClientCA: absOrEmpty(o.tlsClientCA),
 		InsecureTCP: o.insecureTCP, ReadOnly: o.readOnly, Device: o.device, Connections: o.connections,
@@ -216,24 +289,24 @@ func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path stri
 type attachment struct {
 	cfg  *volume.Config
 	lock *volume.NameLock
-	p    store
+	h    *volume.Handle
 	mk   *keys.MasterKey
 }
 
-// lockName reserves cfg's name and clears what an earlier server of that name left.
-func lockName(sd volume.StateDir, name string) (*volume.NameLock, error) {
-	lock, err := sd.LockName(name)
-	if errors.Is(err, volume.ErrNameTaken) {
-		return nil, fmt.Errorf("the name %s is already attached (see 'eli list'); choose another with --name", name)
+// access is what the attach options ask of the provider.
+func (o *attachOptions) access() volume.Access {
+	switch {
+	case o.readOnly:
+		return volume.ReadOnly
+	case o.force:
+		return volume.Takeover
 	}
-	if err != nil {
-		return nil, err
-	}
-	sd.Cleanup(name, nil, true) // whatever a killed or failed server left behind
-	return lock, nil
+	return volume.ReadWrite
 }
 
-// prepareAttach reserves the name, locks and unlocks the provider.
+// prepareAttach unlocks the provider, then reserves the name and takes the provider's
+// locks: the KDF and the checks against the witness hold nothing that another attach of
+// the volume could be waiting for.
 func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachment, error) {
 	if o.slot != keys.AnySlot && (o.slot < 0 || o.slot >= keys.NumSlots) {
 		return nil, usagef("--slot must be 0 to %d", keys.NumSlots-1)
@@ -243,57 +316,94 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 		return nil, err
 	}
 	o.creds.volume = cfg.Name // the password agent's question names it
-	lock, err := lockName(sd, cfg.Name)
+	popts := &volume.ProviderOptions{Remote: cfg.RemoteOptions(nil)}
+	ins, hdr, err := openHeader(path, volume.Inspect)
+	if err != nil {
+		return nil, err
+	}
+	if err := attachable(sd, o, cfg.Name, path, hdr); err != nil {
+		ins.Close()
+		return nil, err
+	}
+	if hdr.Layout.Version >= 2 {
+		if cfg.Witness, err = witnessPath(o.witness, hdr.VolumeID); err != nil {
+			ins.Close()
+			return nil, err
+		}
+		cfg.AcceptRollback = o.rollback
+		if !o.rollback {
+			if err := volume.CheckWitness(cfg.Witness, ins.Provider(), hdr); err != nil {
+				ins.Close()
+				return nil, err
+			}
+		}
+	} else if o.witness != "" || o.rollback {
+		warnf("%s: a format version 1 volume has no generation to witness; --witness and --accept-rollback do nothing", path)
+	}
+	mk, _, err := unlock(hdr, o.creds, o.slot, &stdinGuard{})
+	ins.Close()
 	if err != nil {
 		return nil, err
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			lock.Release()
+			mk.Wipe()
 		}
 	}()
-	a := writeAccess
-	switch {
-	case o.readOnly:
-		a = readAccess
-	case o.force:
-		a = takeoverAccess
-	}
-	p, h, err := openHeader(path, a)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if !ok {
-			p.Close()
-		}
-	}()
-	mk, _, err := unlock(h, o.creds, o.slot, &stdinGuard{})
-	if err != nil {
-		return nil, err
-	}
-	if w := modeWarning(h.Mode); w != "" {
+	if w := modeWarning(hdr.Mode); w != "" {
 		warnf("%s: %s", path, w)
 	}
-	cfg.VolumeID = h.VolumeID
-	if h.Layout.Version >= 2 {
-		if cfg.Witness, err = witnessPath(o.witness, h.VolumeID); err != nil {
-			return nil, err
-		}
-		cfg.AcceptRollback = o.rollback
-	} else if o.witness != "" || o.rollback {
-		warnf("%s: a format version 1 volume has no generation to witness; --witness and --accept-rollback do nothing", path)
+	lock, err := lockName(sd, cfg.Name)
+	if err != nil {
+		return nil, err
 	}
+	popts.Expect = hdr
+	h, err := openProvider(path, o.access(), popts)
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	cfg.VolumeID = hdr.VolumeID
 	ok = true
-	return &attachment{cfg: cfg, lock: lock, p: p, mk: mk}, nil
+	return &attachment{cfg: cfg, lock: lock, h: h, mk: mk}, nil
+}
+
+// attachable refuses, before the passphrase is asked for, what the locks would refuse
+// after it: the volume served already (through any path: its ID), or the name taken by
+// another volume's server.
+func attachable(sd volume.StateDir, o *attachOptions, name, path string, hdr *keys.Header) error {
+	if rec := sd.Serving(hdr.VolumeID); rec != nil && !o.force && !(o.readOnly && rec.ReadOnly) {
+		how := "open for writing"
+		if rec.ReadOnly {
+			how = "open read-only"
+		}
+		return fmt.Errorf("%s is in use: volume %x is already %s on this host: already attached as %s (pid %d; see 'eli list')",
+			path, hdr.VolumeID, how, rec.Name, rec.Pid)
+	}
+	if sd.Alive(name) {
+		if rec, err := sd.ReadRecord(name); err == nil && rec.VolumeID != hex.EncodeToString(hdr.VolumeID[:]) {
+			return fmt.Errorf("the name %s is attached to %s (pid %d): choose another with --name", name, rec.Provider, rec.Pid)
+		}
+	}
+	return nil
+}
+
+// lockName reserves a name, waiting a moment for an attach of it that has not finished,
+// and clears what an earlier server of that name left.
+func lockName(sd volume.StateDir, name string) (*volume.NameLock, error) {
+	lock, err := sd.LockNameWait(name, 0)
+	if err != nil {
+		return nil, err
+	}
+	sd.Cleanup(name, nil, true) // whatever a killed or failed server left behind
+	return lock, nil
 }
 
 // release lets go of the provider, its volume's ID and the name, in that order: once
 // the name is free (which is what 'eli detach' waits for), the volume must be free too.
 func (a *attachment) release() {
-	a.p.Close()
-	releaseIDLocks()
+	a.h.Close()
 	a.lock.Release()
 }
 
@@ -312,8 +422,9 @@ func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bo
 		svc := newService(ctx, a.cfg, log)
 		defer svc.stopped()
 		ready := false
-		err := volume.Run(ctx, a.cfg, sd, a.p, a.mk, log, func(rec *volume.Record) {
+		err := volume.Run(ctx, a.cfg, sd, a.h.Provider(), a.mk, log, func(rec *volume.Record) {
 			ready = true
+			a.h.MarkServing()
 			printReady(cmd.OutOrStdout(), rec, a.cfg)
 			svc.ready(rec)
 		})
@@ -322,20 +433,16 @@ func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bo
 		}
 		return err
 	}
-	if rs, ok := a.p.(*remote.Store); ok && rs.Instance() != "" {
-		// The server heartbeats the mark from now on: it adopts this claim.
-		inst, err := rs.Handoff()
-		if err != nil {
-			a.mk.Wipe()
-			a.lock.Release()
-			return err
-		}
-		a.cfg.Owner = inst
+	in, err := a.h.Handoff()
+	if err != nil {
+		a.mk.Wipe()
+		a.release()
+		return err
 	}
-	rec, err := spawnServer(sd, a.cfg, a.p, a.lock, a.mk)
+	a.cfg.Owner = in.Owner // the server heartbeats the remote mark from now on
+	rec, err := spawnServer(sd, a.cfg, in, a.lock, a.mk)
 	a.mk.Wipe()
-	a.p.Close()
-	releaseIDLocks() // the server holds on to the volume's, if it started
+	a.h.Close() // this process's descriptors: the server holds the locks, if it started
 	if err != nil {
 		// The child has let go of both locks before it said so; this process holds the
 		// name's alone now.
@@ -358,8 +465,12 @@ func finalError(sd volume.StateDir, name string, err error) error {
 	return fmt.Errorf("%s: %w", name, err)
 }
 
-// printReady says where the export is; the last line is its unix URI, for scripts.
+// printReady says where the export is; the last line is its unix URI, for scripts. What
+// the server found wrong that does not stop it goes to stderr.
 func printReady(out io.Writer, rec *volume.Record, cfg *volume.Config) {
+	for _, w := range rec.Warnings {
+		warnf("%s: %s", rec.Name, w)
+	}
 	if rec.Listen != "" {
 		tls := "no TLS"
 		if cfg.TLSCert != "" {
@@ -385,7 +496,7 @@ const (
 // spawnServer re-executes eli as the background server. The master key goes through a
 // pipe, never argv or the environment; the provider, the name lock and the volume's ID
 // lock are inherited already locked, so no other attach can slip in between.
-func spawnServer(sd volume.StateDir, cfg *volume.Config, p store, lock *volume.NameLock, mk *keys.MasterKey) (*volume.Record, error) {
+func spawnServer(sd volume.StateDir, cfg *volume.Config, in volume.Inherited, lock *volume.NameLock, mk *keys.MasterKey) (*volume.Record, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -414,27 +525,17 @@ func spawnServer(sd volume.StateDir, cfg *volume.Config, p store, lock *volume.N
 	child.Stdin = nil
 	child.Stdout = logf
 	child.Stderr = logf
-	pf, ok := p.(*provider.File)
-	var provFile *os.File
-	if ok {
-		provFile = pf.File()
-	} else {
-		// A remote provider is reconnected by the server from cfg.Provider.
-		if provFile, err = os.Open(os.DevNull); err != nil {
-			return nil, err
+	// A descriptor that is not handed on is /dev/null: it must be there, or the server
+	// could take whatever the runtime opens first for it. (A remote provider is
+	// reconnected by the server from cfg.Provider; /dev/null is no lock.)
+	provFile, idFile := in.Provider, in.IDLock
+	for _, f := range []**os.File{&provFile, &idFile} {
+		if *f == nil {
+			if *f, err = os.Open(os.DevNull); err != nil {
+				return nil, err
+			}
+			defer (*f).Close()
 		}
-		defer provFile.Close()
-	}
-	var idFile *os.File
-	if len(heldIDLocks) == 1 {
-		idFile = heldIDLocks[0].File()
-	} else {
-		// The descriptor must be there, or the server could take whatever the runtime
-		// opens first for it; /dev/null is no lock.
-		if idFile, err = os.Open(os.DevNull); err != nil {
-			return nil, err
-		}
-		defer idFile.Close()
 	}
 	child.ExtraFiles = []*os.File{provFile, lock.File(), setupR, readyW, idFile}
 	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -498,19 +599,19 @@ func runBackgroundServer(g *globalOptions) error {
 	// Until it is ready, the server owns neither lock: attach holds them too, and
 	// releases the name's (removing its file) once this process has said why it failed.
 	// So a failure lets go of both, and only then says so.
-	var p store
+	var h *volume.Handle
 	pf := os.NewFile(fdProvider, "provider")
 	lockf := os.NewFile(fdNameLock, "lock")
-	if l := volume.IDLockFromFile(os.NewFile(fdIDLock, "volume-lock")); l != nil {
-		heldIDLocks = append(heldIDLocks, l)
-	}
+	idf := os.NewFile(fdIDLock, "volume-lock")
 	fail := func(err error) error {
-		if p != nil {
-			p.Close()
+		if h != nil {
+			h.Close()
+		} else {
+			pf.Close()
+			idf.Close()
 		}
-		pf.Close() // a second Close of an *os.File does nothing
-		releaseIDLocks()
 		lockf.Close()
+		err = explain(err)
 		log.Error("attach failed", "err", err)
 		volume.WriteReady(readyW, nil, err)
 		return err
@@ -530,7 +631,17 @@ func runBackgroundServer(g *globalOptions) error {
 	if cfg.LogFile != "" {
 		log = slog.New(slog.NewTextHandler(volume.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
 	}
-	if p, err = serverProvider(pf, cfg, log); err != nil {
+	nameLock := sd.NameLockFromFile(lockf, cfg.Name) // names this process as the holder
+	access := volume.ReadWrite
+	if cfg.ReadOnly {
+		access = volume.ReadOnly
+	}
+	h, err = volume.AdoptProvider(cfg.Provider, access, volume.Inherited{Provider: pf, IDLock: idf, Owner: cfg.Owner},
+		cfg.VolumeID, &volume.ProviderOptions{Remote: cfg.RemoteOptions(func(format string, args ...any) {
+			log.Warn(fmt.Sprintf(format, args...), "provider", cfg.Provider)
+		})})
+	if err != nil {
+		h = nil
 		mk.Wipe()
 		return fail(err)
 	}
@@ -540,8 +651,11 @@ func runBackgroundServer(g *globalOptions) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	ready := false
-	err = volume.Run(ctx, cfg, sd, p, mk, log, func(rec *volume.Record) {
+	err = volume.Run(ctx, cfg, sd, h.Provider(), mk, log, func(rec *volume.Record) {
 		ready = true
+		if err := h.MarkServing(); err != nil {
+			log.Warn("volume lock: cannot say the volume is served", "err", err)
+		}
 		volume.WriteReady(readyW, rec, nil)
 	})
 	if !ready {
@@ -552,13 +666,15 @@ func runBackgroundServer(g *globalOptions) error {
 		// before the name is free: the next attach of the name starts a new log.
 		log.Error("server stopped with an error", "name", cfg.Name, "err", err)
 	}
-	// The provider's lock goes before the name's: 'eli detach' returns once the name is
+	// The provider's locks go before the name's: 'eli detach' returns once the name is
 	// free, and by then the provider must be free too, or an attach right after a detach
 	// finds the provider in use. (Closing a provider on tmpfs unmaps it first, which
-	// takes a moment for a large one.)
-	p.Close()
-	releaseIDLocks()
-	sd.NameLockFromFile(lockf, cfg.Name).Release()
+	// takes a moment for a large one; a remote one releases its ownership mark, within
+	// volume.ReleaseTimeout.)
+	if cerr := h.Close(); cerr != nil {
+		log.Warn("let go of the provider", "err", cerr)
+	}
+	nameLock.Release()
 	if err != nil {
 		return silentError{err} // logged already; the log may be the next server's now
 	}

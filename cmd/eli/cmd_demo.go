@@ -90,7 +90,7 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 			return err
 		}
 		defer a.release()
-		srv, err := volume.Start(a.cfg, a.p, a.mk, slog.New(slog.DiscardHandler))
+		srv, err := volume.Start(a.cfg, a.h.Provider(), a.mk, slog.New(slog.DiscardHandler))
 		if err != nil {
 			return err
 		}
@@ -189,7 +189,7 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 			return nil, err
 		}
 		defer p.Close()
-		return keys.Read(p)
+		return p.Header()
 	}()
 	if err != nil {
 		return err

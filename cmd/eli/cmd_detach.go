@@ -35,10 +35,19 @@ kernel device connected, mounted or not: the kernel holds its I/O until
 'eli attach --device DEVICE PROVIDER' plugs a new server in, for up to 60 seconds.
 This restarts eli (an upgrade, say) without unmounting.
 
+The server's shutdown is bounded: its final commit and, for a remote provider, every
+request to the storage end within --timeout (less 10 s for it to let go), whatever
+the storage does. If the storage did not take the final commit, detach exits 1 and
+says so: what was flushed up to the last completed flush is safe, later writes may be
+lost, and the next attach rolls the journal forward or back. A local disk's I/O cannot
+be cut short: a server stuck on a disk that stopped answering is reported, not waited
+for without end.
+
 --force detaches a device in use (the filesystem on it then fails), and kills a
-server that no longer answers (SIGKILL): writes it had acknowledged but not yet
-flushed may be lost, exactly as after a power cut; what was flushed is safe, and the
-next attach repairs the last commit.`,
+server that does not exit within --timeout, or that is suspended (SIGSTOP), with
+SIGKILL; the name is free again when detach returns. Writes it had acknowledged but
+not yet flushed may be lost, exactly as after a power cut (detach then exits 1);
+what was flushed is safe, and the next attach repairs the last commit.`,
 		Example: "  eli detach disk.img\n  eli detach /srv/disk.img\n  eli detach --force disk.img\n" +
 			"  eli detach --keep-device disk.img && eli attach --device /dev/nbd0 disk.img",
 		Args: exactArgs("NAME|PROVIDER"),
@@ -79,6 +88,11 @@ func attachedNames(g *globalOptions) []string {
 	return names
 }
 
+// stopMargin is what detach leaves the server, out of its --timeout, to let go of the
+// provider (a remote mark's release: volume.ReleaseTimeout) and its name after the
+// shutdown's deadline.
+const stopMargin = 10 * time.Second
+
 // detach stops the server of rec and reports its final status. The server disconnects
 // the kernel device itself, as the first step of its shutdown.
 func detach(sd volume.StateDir, rec *volume.Record, force bool, timeout time.Duration) error {
@@ -93,34 +107,67 @@ func detach(sd volume.StateDir, rec *volume.Record, force bool, timeout time.Dur
 			return fmt.Errorf("%s is in use: %s; unmount or close it first, or --force to detach anyway (the filesystem on it then fails)", rec.Device, why)
 		}
 	}
+	if rec.Pid == 0 {
+		return fmt.Errorf("%s: the process that holds the name cannot be found (see 'eli list')", rec.Name)
+	}
 	proc, err := os.FindProcess(rec.Pid)
 	if err != nil {
 		return err
 	}
-	// The lock says the server is alive; its pid is in the record it wrote itself.
-	if err := proc.Signal(syscall.SIGTERM); err != nil && sd.Alive(rec.Name) {
-		return fmt.Errorf("signal server (pid %d): %w", rec.Pid, err)
-	}
-	if sd.WaitGone(rec.Name, timeout) {
-		return finalStatus(sd, rec)
-	}
-	if !force {
-		return fmt.Errorf("server for %s (pid %d) did not exit within %v; 'eli detach --force %s' kills it", rec.Name, rec.Pid, timeout, rec.Name)
+	suspended := processState(sd, rec.Name) == volume.StateSuspended
+	switch {
+	case suspended && !force:
+		return fmt.Errorf("server for %s (pid %d) is suspended (stopped by a signal) and answers nothing: 'kill -CONT %d' resumes it, 'eli detach --force %s' kills it",
+			rec.Name, rec.Pid, rec.Pid, rec.Name)
+	case !suspended:
+		sd.RequestStop(rec.Name, time.Now().Add(max(timeout-stopMargin, timeout/2)))
+		// The lock says the server is alive; its pid is in the record it wrote itself.
+		if err := proc.Signal(syscall.SIGTERM); err != nil && sd.Alive(rec.Name) {
+			return fmt.Errorf("signal server (pid %d): %w", rec.Pid, err)
+		}
+		if sd.WaitGone(rec.Name, timeout) {
+			return finalStatus(sd, rec)
+		}
+		if !force {
+			return fmt.Errorf("server for %s (pid %d) did not exit within %v (%s): its I/O to the provider does not return; "+
+				"'eli detach --force %s' kills it (writes since the last completed flush may then be lost)",
+				rec.Name, rec.Pid, timeout, processState(sd, rec.Name), rec.Name)
+		}
 	}
 	proc.Signal(syscall.SIGKILL)
 	if !sd.WaitGone(rec.Name, 10*time.Second) {
-		return fmt.Errorf("server for %s (pid %d) survived SIGKILL", rec.Name, rec.Pid)
+		return fmt.Errorf("server for %s (pid %d) survived SIGKILL: it is stuck in the kernel (a disk that does not answer); the name stays taken until it ends", rec.Name, rec.Pid)
 	}
 	if rec.Device != "" {
 		// A killed server did not disconnect: the kernel would hold the device's I/O
 		// for a new server until its dead-connection timeout.
 		nbdkernel.Disconnect(rec.DeviceIdx)
 	}
+	st, _ := sd.ReadStatus(rec.Name)
 	if l, err := sd.LockName(rec.Name); err == nil {
 		sd.Cleanup(rec.Name, rec, false)
 		l.Release()
 	}
-	return nil
+	if st != nil && st.Pid == rec.Pid && st.State == volume.StateStopped {
+		return finalStatus(sd, rec) // it had finished; only letting go hung
+	}
+	flushed := "what was flushed is safe"
+	if st != nil && st.Pid == rec.Pid && !st.LastFlush.IsZero() {
+		flushed = "what was flushed up to " + st.LastFlush.Format(time.TimeOnly) + " is safe"
+	}
+	return fmt.Errorf("%s: killed (--force) before its final commit: %s, writes acknowledged since may be lost, "+
+		"and the next attach rolls the journal forward or back", rec.Name, flushed)
+}
+
+// processState is what list would say the server of name is doing.
+func processState(sd volume.StateDir, name string) string {
+	ents, _ := sd.List()
+	for _, e := range ents {
+		if e.Name == name {
+			return e.State
+		}
+	}
+	return "gone"
 }
 
 // detachKeepDevice asks the server to stop without disconnecting its kernel device.

@@ -7,13 +7,13 @@ import (
 	"io/fs"
 	"os"
 
-	"github.com/elidisk/eli/blockdev"
-	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/sector"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 )
 
 type initOptions struct {
@@ -46,7 +46,11 @@ that matters.
 
 Everything the provider held before is lost. A provider that holds an eli volume,
 or what looks like a damaged one, is refused unless --force is given; a killed
-volume (see 'eli kill') is not.
+volume (see 'eli kill') is not. So is one that holds something else that init
+recognizes (ext2/3/4, XFS, btrfs, FAT, NTFS, ISO 9660, LUKS1/2, LVM2, swap, an MBR or
+GPT partition table, FreeBSD geli): init names it and refuses without --force, or on
+a terminal asks to type 'yes'. A block device that is mounted or in use (device-
+mapper, md, swap) is refused whatever the flags.
 
 Modes (--cipher):
   xchacha20-poly1305  default: a fresh random nonce on every write, every sector
@@ -75,7 +79,7 @@ Modes (--cipher):
 	f.StringVar(&o.journal, "journal-size", "", "journal size for authenticated modes (default 2M; bounds one commit)")
 	f.StringVarP(&o.backup, "backup", "B", "", "also write a header backup to FILE (see 'eli restore')")
 	f.BoolVar(&o.unsafe, "unsafe", false, "allow the UNSAFE *-xts ChaCha modes (benchmark parity only) and none (no encryption)")
-	f.BoolVarP(&o.force, "force", "f", false, "overwrite an existing eli volume")
+	f.BoolVarP(&o.force, "force", "f", false, "overwrite an existing eli volume, or another format's data")
 	f.IntVar(&o.format, "format", 0, "on-disk format version: 2 (hash tree, the default for xchacha20-poly1305) or 1 (no tree; the only one for length-preserving modes)")
 	addCredFlags(cmd, &o.creds, "j", "k", "p")
 	addKDFFlags(cmd, &o.kdf)
@@ -147,6 +151,15 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 			return usageError{err}
 		}
 	}
+	version := layout.DefaultVersion(mode)
+	switch {
+	case o.format == 2 && !mode.Authenticated():
+		return usageError{fmt.Errorf("--format 2 is for authenticated modes; %s is length-preserving", mode)}
+	case o.format == 1 || o.format == 2:
+		version = uint32(o.format)
+	case o.format != 0:
+		return usageError{fmt.Errorf("--format %d: the format versions are 1 and 2", o.format)}
+	}
 	if err := o.kdf.validate(o.creds.kdfLimits()); err != nil {
 		return err
 	}
@@ -178,14 +191,15 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 			}()
 		}
 	}
-	p, err := openLocked(path, writeAccess)
-	if errors.Is(err, fs.ErrNotExist) {
+	h, err := openProvider(path, volume.ReadWrite, nil)
+	if errors.Is(err, fs.ErrNotExist) && !remote.IsURI(path) && o.size == "" {
 		return fmt.Errorf("%s does not exist; give --size to create it", path)
 	}
 	if err != nil {
 		return err
 	}
-	defer p.Close()
+	defer h.Close()
+	p := h.Provider()
 	if remoteSize > 0 && remoteSize != p.Size() {
 		if remoteSize > p.Size() {
 			return fmt.Errorf("--size %s is larger than the export %s (%d bytes): eli cannot grow an NBD export; grow it on the storage side, or omit --size to use the export's size",
@@ -194,19 +208,11 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 		return fmt.Errorf("--size %s is smaller than the export %s (%d bytes): an eli volume uses its whole provider; omit --size",
 			o.size, p.Path(), p.Size())
 	}
-
-	note, err := checkOverwrite(p, o.force)
-	if err != nil {
-		return err
-	}
-	version := layout.DefaultVersion(mode)
-	switch {
-	case o.format == 2 && !mode.Authenticated():
-		return usageError{fmt.Errorf("--format 2 is for authenticated modes; %s is length-preserving", mode)}
-	case o.format == 1 || o.format == 2:
-		version = uint32(o.format)
-	case o.format != 0:
-		return usageError{fmt.Errorf("--format %d: the format versions are 1 and 2", o.format)}
+	force := o.force
+	if _, err := volume.CheckOverwrite(h); err != nil {
+		if force, err = confirmOverwrite(err, force); err != nil {
+			return err
+		}
 	}
 	l, err := layout.PlanVersion(version, p.Size(), o.sectorSize, mode, journal)
 	if err != nil {
@@ -221,28 +227,20 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 	if err != nil {
 		return err
 	}
-
-	if err := blockdev.Format(p, l); err != nil {
-		return fmt.Errorf("prepare %s: %w", path, err)
-	}
-	mk, err := keys.Create(p, l, creds.toKeys(), kdf)
+	made, err := volume.Create(h, volume.CreateOptions{Layout: l, Credentials: creds.toKeys(), KDF: kdf, Force: force})
 	if err != nil {
-		return fmt.Errorf("init %s: %w", path, err)
+		return err
 	}
-	defer mk.Wipe()
-	h, err := keys.Read(p)
-	if err != nil {
-		return fmt.Errorf("read back the new header: %w", err)
-	}
+	hdr := made.Header
 	out := cmd.OutOrStdout()
-	if note != "" {
-		fmt.Fprintln(out, note)
+	if made.Note != "" {
+		fmt.Fprintln(out, made.Note)
 	}
 	fmt.Fprintf(out, "initialized %s: %s, %d-byte sectors, %s usable, format version %d, volume %s\n",
-		path, mode, o.sectorSize, formatSize(l.Size()), h.Version, hex.EncodeToString(h.VolumeID[:]))
+		path, mode, o.sectorSize, formatSize(l.Size()), hdr.Version, hex.EncodeToString(hdr.VolumeID[:]))
 	fmt.Fprintf(out, "keyslot 0: %s, %v\n", creds.toKeys().Uses(), kdf)
 	if o.backup != "" {
-		if err := writeFileExcl(o.backup, h.Backup()); err != nil {
+		if err := writeFileExcl(o.backup, hdr.Backup()); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "header backup written to %s (restore with: eli restore %s %s)\n", o.backup, o.backup, path)
@@ -253,37 +251,30 @@ func runInit(cmd *cobra.Command, o *initOptions, path string) (retErr error) {
 	return nil
 }
 
-// checkOverwrite decides whether init may overwrite what p holds. Without force it
-// refuses a live eli volume (kill it first) and anything that looks like a damaged one
-// (restore a backup first); a killed volume, whose data nothing can decrypt any more, is
-// overwritten with a note, which it returns.
-func checkOverwrite(p store, force bool) (note string, err error) {
-	path := p.Path()
-	h, err := keys.Read(p)
+// confirmOverwrite decides what to do with what volume.CheckOverwrite found: with
+// --force, overwrite it; on a terminal, ask for another format's data (a filesystem, a
+// partition table), as cryptsetup luksFormat does, and overwrite it if the answer is
+// "yes"; otherwise refuse (an eli volume, live or damaged, always needs --force). It
+// returns whether Create may overwrite.
+func confirmOverwrite(found error, force bool) (bool, error) {
+	var over *volume.OverwriteError
 	switch {
-	case err == nil && h.ActiveSlots() == 0:
-		return fmt.Sprintf("%s held eli volume %s, killed (no keyslot left): initializing over it",
-			path, hex.EncodeToString(h.VolumeID[:])), nil
+	case !errors.As(found, &over):
+		return false, found // an I/O error: overwrite nothing
 	case force:
-		return "", nil
-	case err == nil:
-		return "", fmt.Errorf("%s already holds eli volume %s (%s): 'eli kill' it first, or pass --force to overwrite it",
-			path, hex.EncodeToString(h.VolumeID[:]), h.Mode)
-	case errors.Is(err, keys.ErrNotELI):
-		what, rerr := keys.Remnant(p)
-		if rerr != nil {
-			return "", rerr
-		}
-		if what == "" {
-			return "", nil
-		}
-		return "", fmt.Errorf("%s looks like a damaged eli volume (%s): if you have a header backup, 'eli restore BACKUP %s' brings it back; --force overwrites it",
-			path, what, path)
-	case errors.Is(err, keys.ErrCorrupt), errors.Is(err, keys.ErrTooSmall), errors.Is(err, keys.ErrVersion):
-		return "", fmt.Errorf("%s holds a damaged or unreadable eli volume (%v): if you have a header backup, 'eli restore BACKUP %s' brings it back; --force overwrites it",
-			path, err, path)
+		return true, nil
 	}
-	return "", fmt.Errorf("%s: %w", path, err) // an I/O error: overwrite nothing
+	if over.Kind != volume.ForeignData || !term.IsTerminal(int(os.Stdin.Fd())) {
+		return false, found
+	}
+	ok, err := confirm(fmt.Sprintf("%s holds %s: init destroys it. Type 'yes' to overwrite it: ", over.Path, over.What))
+	if err != nil {
+		return false, found
+	}
+	if !ok {
+		return false, errors.New("not confirmed; nothing changed")
+	}
+	return true, nil
 }
 
 // createOrGrow makes path a regular file of at least size bytes (sparse). created says

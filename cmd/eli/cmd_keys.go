@@ -10,6 +10,7 @@ import (
 
 	"github.com/elidisk/eli/blockdev"
 	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
 
@@ -103,7 +104,7 @@ func runSetkey(cmd *cobra.Command, o *setkeyOptions, path string) error {
 	if err := o.kdf.validate(o.old.kdfLimits()); err != nil {
 		return err
 	}
-	p, h, err := openHeader(path, writeAccess)
+	p, h, err := openHeader(path, volume.ReadWrite)
 	if err != nil {
 		return err
 	}
@@ -123,7 +124,7 @@ func runSetkey(cmd *cobra.Command, o *setkeyOptions, path string) error {
 	if err != nil {
 		return err
 	}
-	n, err := keys.SetKey(p, mk, o.slot, c.toKeys(), kdf)
+	n, err := keys.SetKey(p.Provider(), mk, o.slot, c.toKeys(), kdf)
 	if err != nil {
 		return err
 	}
@@ -149,12 +150,12 @@ unreachable) unless --force is given.`,
 				}
 				return usagef("--slot N is required, 0 to %d", keys.NumSlots-1)
 			}
-			p, _, err := openHeader(args[0], writeAccess)
+			p, _, err := openHeader(args[0], volume.ReadWrite)
 			if err != nil {
 				return err
 			}
 			defer p.Close()
-			if err := keys.DelKey(p, slot, force); err != nil {
+			if err := keys.DelKey(p.Provider(), slot, force); err != nil {
 				if errors.Is(err, keys.ErrLastSlot) {
 					return fmt.Errorf("%w; --force deletes it anyway", err)
 				}
@@ -180,7 +181,7 @@ known. It asks for confirmation unless --yes is given.`,
 		Example: "  eli kill disk.img\n  eli kill --yes disk.img",
 		Args:    exactArgs("PROVIDER"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, h, err := openHeader(args[0], writeAccess)
+			p, h, err := openHeader(args[0], volume.ReadWrite)
 			if err != nil {
 				return err
 			}
@@ -195,7 +196,7 @@ known. It asks for confirmation unless --yes is given.`,
 					return errors.New("not confirmed; nothing changed")
 				}
 			}
-			if err := keys.Kill(p); err != nil {
+			if err := keys.Kill(p.Provider()); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s killed: every keyslot destroyed\n", args[0])
@@ -270,12 +271,12 @@ size, unless --force is given.`,
 			if _, err := keys.Decode(b); err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
-			p, err := openLocked(args[1], writeAccess)
+			p, err := openProvider(args[1], volume.ReadWrite, nil)
 			if err != nil {
 				return err
 			}
 			defer p.Close()
-			if err := keys.Restore(p, b, force); err != nil {
+			if err := keys.Restore(p.Provider(), b, force); err != nil {
 				if errors.Is(err, keys.ErrOtherVolume) || errors.Is(err, keys.ErrSizeMismatch) {
 					return fmt.Errorf("%w; pass --force to restore it anyway", err)
 				}
@@ -297,7 +298,7 @@ func dumpFreshness(w io.Writer, path string, h *keys.Header) error {
 		return err
 	}
 	defer p.Close()
-	f, ok, err := blockdev.PeekFreshness(p, h.Layout)
+	f, ok, err := blockdev.PeekFreshness(p.Provider(), h.Layout)
 	if err != nil {
 		return err
 	}

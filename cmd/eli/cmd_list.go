@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/elidisk/eli/volume"
@@ -13,8 +14,10 @@ import (
 // listEntry is one line of `eli list`: the server's record and its volume's state.
 type listEntry struct {
 	*volume.Record
-	State string `json:"state"`
-	Error string `json:"error,omitempty"`
+	State   string `json:"state"`
+	Error   string `json:"error,omitempty"`
+	Storage string `json:"storage,omitempty"`
+	Witness string `json:"witness,omitempty"`
 }
 
 func newListCmd(g *globalOptions) *cobra.Command {
@@ -23,9 +26,18 @@ func newListCmd(g *globalOptions) *cobra.Command {
 		Use:   "list",
 		Short: "List attached volumes",
 		Long: `List the volumes attached on this machine (in this state directory): name, state,
-provider, mode, size, NBD socket and server pid. The state is "serving", or "failed"
-once the provider failed a write or flush ('eli status NAME' says what failed): an
-authenticated volume then refuses writes until it is detached and attached again.
+provider, mode, size, NBD socket and server pid. Every server process that still
+runs is listed, whatever it is doing. The state is:
+
+  serving    attached and answering
+  degraded   serving, but its witness cannot be written: a rollback of the provider
+             would go unnoticed ('eli status NAME' says why)
+  failed     the provider failed a write or flush ('eli status NAME' says what): an
+             authenticated volume then refuses writes until detached and attached again
+  stopping   shutting down (draining, the final commit, letting go)
+  starting   the process holds the name but its export is not ready yet
+  suspended  the process is stopped (SIGSTOP) and answers nothing
+
 Records left by servers that were killed are cleaned up on the way.`,
 		Example: "  eli list\n  eli list --json",
 		Args:    exactArgs(),
@@ -34,15 +46,18 @@ Records left by servers that were killed are cleaned up on the way.`,
 			if err != nil {
 				return err
 			}
-			recs, err := sd.Live()
+			found, err := sd.List()
 			if err != nil {
 				return err
 			}
 			entries := []listEntry{}
-			for _, r := range recs {
-				e := listEntry{Record: r, State: "unknown"}
-				if st, err := sd.ReadStatus(r.Name); err == nil && st.Pid == r.Pid {
-					e.State, e.Error = st.State, st.Error
+			for _, f := range found {
+				e := listEntry{Record: f.Record, State: f.State}
+				if e.Record == nil {
+					e.Record = &volume.Record{Name: f.Name, Pid: f.Pid}
+				}
+				if f.Status != nil {
+					e.Error, e.Storage, e.Witness = f.Status.Error, f.Status.Storage, f.Status.Witness
 				}
 				entries = append(entries, e)
 			}
@@ -73,11 +88,28 @@ Records left by servers that were killed are cleaned up on the way.`,
 				if r.Onetime {
 					mode += " (onetime)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name, r.State, r.Provider, mode, formatSize(r.Size), r.Socket, r.Pid, dev)
+				prov, size, sock := r.Provider, formatSize(r.Size), r.Socket
+				if r.Socket == "" { // still starting: nothing is known but the name and pid
+					prov, mode, size, sock = "-", "-", "-", "-"
+				}
+				state := r.State
+				if r.Storage != "" {
+					state += " (storage: " + firstWords(r.Storage) + ")"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name, state, prov, mode, size, sock, r.Pid, dev)
 			}
 			return tw.Flush()
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the records as JSON")
 	return cmd
+}
+
+// firstWords is a status phrase cut short for a table column: up to its first
+// parenthesis or semicolon.
+func firstWords(s string) string {
+	if i := strings.IndexAny(s, "(;:"); i > 0 {
+		return strings.TrimSpace(s[:i])
+	}
+	return s
 }

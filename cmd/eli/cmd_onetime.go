@@ -44,12 +44,12 @@ eli volume is refused unless --force is given.`,
 			if err != nil {
 				return err
 			}
-			p, err := openLocked(args[0], writeAccess)
+			p, err := openProvider(args[0], volume.ReadWrite, &volume.ProviderOptions{Remote: cfg.RemoteOptions(nil)})
 			if err != nil {
 				lock.Release()
 				return err
 			}
-			if h, err := keys.Read(p); (err == nil || !errors.Is(err, keys.ErrNotELI)) && !force {
+			if h, err := p.Header(); (err == nil || !errors.Is(err, keys.ErrNotELI)) && !force {
 				p.Close()
 				lock.Release()
 				what := "an eli header"
@@ -68,7 +68,7 @@ eli volume is refused unless --force is given.`,
 			if w := modeWarning(mode); w != "" {
 				warnf("%s", w)
 			}
-			a := &attachment{cfg: cfg, lock: lock, p: p, mk: mk}
+			a := &attachment{cfg: cfg, lock: lock, h: p, mk: mk}
 			release, err := a.pickDevice(sd)
 			if err != nil {
 				return err
@@ -84,5 +84,6 @@ eli volume is refused unless --force is given.`,
 	f.BoolVar(&unsafe, "unsafe", false, "allow the UNSAFE *-xts ChaCha modes and none (no encryption)")
 	f.BoolVarP(&force, "force", "f", false, "destroy an eli volume on PROVIDER")
 	addServeFlags(cmd, o)
+	addRemoteFlags(cmd, o)
 	return cmd
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/reencrypt"
 	"github.com/elidisk/eli/sector"
+	"github.com/elidisk/eli/volume"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -98,7 +99,7 @@ func runReencrypt(cmd *cobra.Command, o *reencryptOptions, path string) error {
 			c.Wipe()
 		}
 	}()
-	p, h, err := openHeader(path, writeAccess) // an attached volume, or a second reencrypt, is refused here
+	p, h, err := openHeader(path, volume.ReadWrite) // an attached volume, or a second reencrypt, is refused here
 	if err != nil {
 		return err
 	}
@@ -150,7 +151,7 @@ func runReencrypt(cmd *cobra.Command, o *reencryptOptions, path string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	start := time.Now()
-	res, err := reencrypt.Run(ctx, p, mk, opts)
+	res, err := reencrypt.Run(ctx, p.Provider(), mk, opts)
 	_ = bar.Finish()
 	if err != nil {
 		if ctx.Err() != nil {

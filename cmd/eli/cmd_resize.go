@@ -7,6 +7,7 @@ import (
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/remote"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
 
@@ -32,11 +33,12 @@ read as zeroes. Shrinking is refused. The volume must not be attached.`,
 					return usageError{err}
 				}
 			}
-			p, h, err := openHeader(path, writeAccess)
+			hd, h, err := openHeader(path, volume.ReadWrite)
 			if err != nil {
 				return err
 			}
-			defer p.Close()
+			defer hd.Close()
+			p := hd.Provider()
 			mk, _, err := unlock(h, creds, keys.AnySlot, &stdinGuard{})
 			if err != nil {
 				return err

@@ -25,7 +25,14 @@ in the journal, and the last error.
 
 The server rewrites STATE_DIR/NAME.status when these change, at most four times a
 second and at once when the volume fails; status reads that file. After a server whose
-volume failed has stopped, status shows its final status until the next attach of NAME.`,
+volume failed has stopped, status shows its final status until the next attach of NAME.
+For a remote provider it also says what is wrong with the storage (unreachable since
+when and why, a request waiting, the export no longer this volume), and for a format
+version 2 volume whether its witness can be written ("degraded" when not).
+
+Exit status: 0 while the volume serves as it should; 1 when it failed, is degraded,
+or its server stopped without its final commit (killed, crashed) or with a problem;
+the line on stderr says which.`,
 		Example: "  eli status disk.img\n  eli status --json disk.img",
 		Args:    exactArgs("NAME|PROVIDER"),
 		ValidArgsFunction: func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
@@ -49,15 +56,22 @@ volume failed has stopped, status shows its final status until the next attach o
 			if err != nil {
 				return err
 			}
+			killed := false
 			if st.State != volume.StateStopped && !sd.Alive(name) {
 				st.State = volume.StateStopped
 				st.Final = "not made: the server was killed or crashed"
+				killed = true
+			} else if ps := processState(sd, name); ps == volume.StateSuspended {
+				st.State = ps
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
-				return enc.Encode(st)
+				if err := enc.Encode(st); err != nil {
+					return err
+				}
+				return statusExit(st, killed)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			row := func(k, format string, a ...any) { fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, a...)...) }
@@ -69,6 +83,15 @@ volume failed has stopped, status shows its final status until the next attach o
 			}
 			if st.Final != "" {
 				row("final commit", "%s", st.Final)
+			}
+			if st.Storage != "" {
+				row("storage", "%s", st.Storage)
+			}
+			if st.Witness != "" {
+				row("witness", "%s", st.Witness)
+			}
+			if !st.LastFlush.IsZero() {
+				row("last flush", "%s", st.LastFlush.Format(time.RFC3339))
 			}
 			row("reads", "%d (%s)", st.Reads, formatSize(int64(st.BytesRead)))
 			row("writes", "%d (%s)", st.Writes, formatSize(int64(st.BytesWritten)))
@@ -87,12 +110,31 @@ volume failed has stopped, status shows its final status until the next attach o
 			if err := tw.Flush(); err != nil {
 				return err
 			}
-			if msg := st.Problem(); msg != "" {
-				fmt.Fprintln(os.Stderr, "eli: "+msg)
-			}
-			return nil
+			return statusExit(st, killed)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
 	return cmd
+}
+
+// statusExit is status's exit: nil while the volume serves as it should, otherwise the
+// one line that says what is wrong (exit 1).
+func statusExit(st *volume.Status, killed bool) error {
+	msg := st.Problem()
+	switch {
+	case msg != "":
+	case killed:
+		what := "what was flushed is safe"
+		if !st.LastFlush.IsZero() {
+			what = "what was flushed up to " + st.LastFlush.Format(time.TimeOnly) + " is safe"
+		}
+		msg = st.Name + ": the server was killed or crashed before its final commit: " + what +
+			", writes acknowledged since may be lost, and the next attach rolls the journal forward or back"
+	case st.State == volume.StateSuspended:
+		msg = fmt.Sprintf("%s: the server (pid %d) is suspended (stopped by a signal) and answers nothing: 'kill -CONT %d' resumes it",
+			st.Name, st.Pid, st.Pid)
+	default:
+		return nil
+	}
+	return errors.New(msg)
 }

@@ -4,14 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"strings"
-	"syscall"
 
 	"github.com/elidisk/eli/keys"
-	"github.com/elidisk/eli/provider"
-	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
@@ -21,106 +17,50 @@ func warnf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "eli: warning: "+format+"\n", args...)
 }
 
-// openLocked opens a provider and, unless a is readAccess, takes its exclusive lock and
-// the host-wide lock on the ID of the volume it holds, so that no other eli process (an
-// attached server, another setkey) changes it under us, whatever path it came by.
-//
-// A remote PROVIDER (an NBD URI) cannot be flock'ed from here: it is claimed through its
-// ownership mark instead (remote.Store.Claim), unless a is readAccess (openRemote).
-func openLocked(path string, a access) (store, error) {
-	if remote.IsURI(path) {
-		return openRemote(path, a)
-	}
-	readOnly := a == readAccess
-	p, err := provider.Open(path, readOnly)
-	if err != nil {
-		if !readOnly && (errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS)) {
-			if q, rerr := provider.Open(path, true); rerr == nil {
-				q.Close()
-				return nil, fmt.Errorf("%s can be opened for reading only (%w): 'eli attach --readonly' serves it read-only; this command needs to write", path, err)
-			}
-		}
-		return nil, err
-	}
-	if err := p.Lock(); err != nil {
-		p.Close()
-		if errors.Is(err, provider.ErrInUse) {
-			return nil, fmt.Errorf("%s is in use: it is attached (see 'eli list') or another eli command is working on it", path)
-		}
-		return nil, err
-	}
-	if readOnly {
-		return p, nil
-	}
-	if err := lockVolumeID(p); err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-// heldIDLocks are the host-wide locks on the IDs of the volumes this process writes
-// (volume.IDLock), taken by openLocked. They live as long as the process, whose exit lets
-// go of them, except in a server, which lets go of them after its provider and before its
-// name (releaseIDLocks), so that a volume is free again once 'eli detach' returns.
-var heldIDLocks []*volume.IDLock
-
-// releaseIDLocks lets go of every volume ID this process holds.
-func releaseIDLocks() {
-	for _, l := range heldIDLocks {
-		l.Close()
-	}
-	heldIDLocks = nil
-}
-
-// lockVolumeID takes the host-wide lock on the ID of the volume p holds, if it holds
-// one: the same volume under another path (a loop device over an image file, a second
-// path to a disk) or a copy of it is then refused as the same path is by flock. A
-// provider without a readable header holds no volume to protect. On failure it closes p.
-func lockVolumeID(p store) error {
-	h, err := keys.Read(p)
-	if err != nil {
-		return nil
-	}
-	id, err := volume.LockID(h.VolumeID)
-	if err != nil {
-		p.Close()
-		if errors.Is(err, volume.ErrIDLocked) {
-			return fmt.Errorf("%s: volume %x: %w, through another path ('eli list' shows servers and their pids): "+
-				"a loop device over its image, another path to its disk and a copy of it all hold the same volume",
-				p.Path(), h.VolumeID, err)
-		}
-		return err
-	}
-	heldIDLocks = append(heldIDLocks, id)
-	return nil
-}
-
-// openHeader opens and locks a provider and reads its header.
-func openHeader(path string, a access) (store, *keys.Header, error) {
-	p, err := openLocked(path, a)
+// openHeader opens a provider for access (volume.OpenProvider: the locks are the
+// Handle's) and reads its header, warning about a damaged or stale copy.
+func openHeader(path string, a volume.Access) (*volume.Handle, *keys.Header, error) {
+	h, err := openProvider(path, a, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	h, err := readHeader(p)
+	hdr, err := readHeader(h)
 	if err != nil {
-		p.Close()
+		h.Close()
 		return nil, nil, err
 	}
-	return p, h, nil
+	return h, hdr, nil
 }
 
-// readHeader reads the provider's header and warns about a damaged or stale copy.
-func readHeader(p store) (*keys.Header, error) {
-	h, err := readHeaderQuiet(p)
-	if err == nil && h.Warning != nil {
-		warnf("%s: %v (using the %s copy; the next header update repairs the other)", p.Path(), h.Warning, h.Copy)
+// openProvider is volume.OpenProvider with the warnings a remote claim gives on stderr.
+func openProvider(path string, a volume.Access, o *volume.ProviderOptions) (*volume.Handle, error) {
+	if o == nil {
+		o = &volume.ProviderOptions{}
 	}
-	return h, err
+	if o.Notify == nil {
+		o.Notify = func(m string) { warnf("%s", m) }
+	}
+	return volume.OpenProvider(path, a, o)
 }
 
-// readHeaderQuiet is readHeader for callers that show h.Warning themselves (dump).
-func readHeaderQuiet(p store) (*keys.Header, error) {
-	h, err := keys.Read(p)
+// readHeader is the header the Handle read, with a warning about a damaged or stale
+// copy.
+func readHeader(h *volume.Handle) (*keys.Header, error) {
+	hdr, err := readHeaderQuiet(h)
+	if err == nil && hdr.Warning != nil {
+		warnf("%s: %s", h.Path(), headerWarning(hdr))
+	}
+	return hdr, err
+}
+
+// headerWarning says what is wrong with the header copy not used, and what to do.
+func headerWarning(hdr *keys.Header) string {
+	return fmt.Sprintf("%v (using the %s copy; the next header update repairs the other, and 'eli backup' saves a copy meanwhile)", hdr.Warning, hdr.Copy)
+}
+
+// readHeaderQuiet is readHeader for callers that show the warning themselves (dump).
+func readHeaderQuiet(p *volume.Handle) (*keys.Header, error) {
+	h, err := p.Header()
 	if err != nil {
 		// keys' message already points to eli restore where both copies are damaged.
 		if errors.Is(err, keys.ErrCorrupt) && !strings.Contains(err.Error(), "eli restore") {
@@ -246,9 +186,6 @@ func readBounded(path string, limit int64) ([]byte, error) {
 
 // openReadOnly opens a provider for reading without locking it: dump and backup work on
 // an attached volume too (a remote one without claiming it).
-func openReadOnly(path string) (store, error) {
-	if remote.IsURI(path) {
-		return openRemote(path, readAccess)
-	}
-	return provider.Open(path, true)
+func openReadOnly(path string) (*volume.Handle, error) {
+	return volume.OpenProvider(path, volume.Inspect, nil)
 }

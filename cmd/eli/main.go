@@ -111,10 +111,10 @@ func run(args []string) int {
 	root := newRootCmd()
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
-	releaseIDLocks()
 	if err == nil {
 		return exitOK
 	}
+	err = explain(err)
 	if errors.As(err, &silentError{}) {
 		return exitError
 	}
