@@ -76,6 +76,33 @@ func Read(p provider.Provider) (*Header, error) {
 	return choose(p, cs)
 }
 
+// ReadDamaged is Read for inspecting a provider that no longer fits its header (it was
+// truncated or shrunk: ErrTooSmall): it returns the newest copy that decodes anyway,
+// with Warning saying why it does not fit, so that dump can show what the header says.
+// It is never the way to use a volume.
+func ReadDamaged(p provider.Provider) (*Header, error) {
+	h, err := Read(p)
+	if !errors.Is(err, ErrTooSmall) {
+		return h, err
+	}
+	cs, rerr := readCopies(p)
+	if rerr != nil {
+		return nil, rerr
+	}
+	var best *copyRead
+	for i := range cs {
+		c := &cs[i]
+		if c.h != nil && errors.Is(c.err, ErrTooSmall) && (best == nil || c.h.Sequence > best.h.Sequence) {
+			best = c
+		}
+	}
+	if best == nil {
+		return nil, err
+	}
+	best.h.Copy, best.h.Offset, best.h.Warning = best.which, best.off, best.err
+	return best.h, nil
+}
+
 func choose(p provider.Provider, cs [2]copyRead) (*Header, error) {
 	a, b := &cs[0], &cs[1]
 	switch {

@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"syscall"
@@ -107,6 +108,10 @@ func Open(uri string, o *Options) (*Store, error) {
 	}
 	opts := &nbdclient.Options{Logf: o.Logf, RequestTimeout: s.markIO, QueueTimeout: o.QueueTimeout, Verify: s.verify}
 	r, err := nbdclient.Open(uri, opts)
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return nil, fmt.Errorf("%w: is the NBD server running, and is the URI right?", err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -448,20 +448,33 @@ func (s StateDir) entry(name string, rec *Record) Entry {
 	return e
 }
 
-// processStopped reports whether process pid is stopped (state T or t in
-// /proc/PID/stat, proc(5)).
+// processStopped reports whether process pid is stopped (SIGSTOP, a debugger).
 func processStopped(pid int) bool {
+	s := processState(pid)
+	return s == 'T' || s == 't'
+}
+
+// ProcessRuns reports whether process pid exists and has not exited (a zombie waits
+// only to be reaped).
+func ProcessRuns(pid int) bool {
+	s := processState(pid)
+	return s != 0 && s != 'Z' && s != 'X'
+}
+
+// processState is the state letter of process pid in /proc/PID/stat (proc(5)), or 0 if
+// there is no such process.
+func processState(pid int) byte {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return 0
 	}
 	// pid (comm) state ...: comm may hold spaces and parentheses; the state follows
 	// the last ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 || i+2 >= len(b) {
-		return false
+		return 0
 	}
-	return b[i+2] == 'T' || b[i+2] == 't'
+	return b[i+2]
 }
 
 // Live lists the records of running servers that have one, sorted by name (see List).

@@ -126,6 +126,7 @@ func detach(sd volume.StateDir, rec *volume.Record, force bool, timeout time.Dur
 			return fmt.Errorf("signal server (pid %d): %w", rec.Pid, err)
 		}
 		if sd.WaitGone(rec.Name, timeout) {
+			waitExit(rec.Pid)
 			return finalStatus(sd, rec)
 		}
 		if !force {
@@ -135,7 +136,7 @@ func detach(sd volume.StateDir, rec *volume.Record, force bool, timeout time.Dur
 		}
 	}
 	proc.Signal(syscall.SIGKILL)
-	if !sd.WaitGone(rec.Name, 10*time.Second) {
+	if !sd.WaitGone(rec.Name, 10*time.Second) || !waitExit(rec.Pid) {
 		return fmt.Errorf("server for %s (pid %d) survived SIGKILL: it is stuck in the kernel (a disk that does not answer); the name stays taken until it ends", rec.Name, rec.Pid)
 	}
 	if rec.Device != "" {
@@ -157,6 +158,20 @@ func detach(sd volume.StateDir, rec *volume.Record, force bool, timeout time.Dur
 	}
 	return fmt.Errorf("%s: killed (--force) before its final commit: %s, writes acknowledged since may be lost, "+
 		"and the next attach rolls the journal forward or back", rec.Name, flushed)
+}
+
+// waitExit waits a moment for process pid to be gone once it has let go of its name
+// (the last thing a server does before it exits), so that detach returns with no
+// process of the volume left; it reports whether it is.
+func waitExit(pid int) bool {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if !volume.ProcessRuns(pid) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
 }
 
 // processState is what list would say the server of name is doing.

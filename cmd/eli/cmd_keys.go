@@ -58,6 +58,15 @@ func headerOf(path string) (*keys.Header, error) {
 		return nil, err
 	}
 	defer p.Close()
+	if _, err := p.Header(); errors.Is(err, keys.ErrTooSmall) {
+		// Truncated or shrunk: show what the header says, and what is wrong.
+		h, derr := keys.ReadDamaged(p.Provider())
+		if derr == nil {
+			warnf("%s: %v; the data past the end is gone: if the provider was shrunk by mistake, grow it back to at least %d bytes",
+				path, h.Warning, h.Layout.MinProviderSize())
+			return h, nil
+		}
+	}
 	return readHeaderQuiet(p) // the dump shows the warning
 }
 

@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"syscall"
 
+	"github.com/elidisk/eli/blockdev"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/volume"
@@ -60,6 +62,11 @@ func explain(err error) error {
 			return fmt.Errorf("%w (an attach that has not finished): try again when it is done, or choose another name with --name", err)
 		}
 		return fmt.Errorf("%w: choose another name with --name", err)
+	case errors.Is(err, syscall.ENOSPC):
+		return fmt.Errorf("%w: free space where the provider lives (its filesystem is full), then try again", err)
+	case errors.Is(err, blockdev.ErrFreshness):
+		return fmt.Errorf("%w: the provider was changed while it was detached (tampering, or an image restored in part); "+
+			"restore a backup of the whole provider, or attach the copy you trust", err)
 	case errors.As(err, &rollback):
 		if rollback.Fork {
 			return fmt.Errorf("%w; attach the copy you trust with --accept-rollback", err)
