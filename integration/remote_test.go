@@ -43,6 +43,7 @@ type storage struct {
 	mu    sync.Mutex
 	cmd   *exec.Cmd
 	exits chan error
+	out   *bytes.Buffer // what the server said
 }
 
 // tlsDirs makes a CA, a server certificate for "localhost" (nbdkit's layout in srv) and
@@ -134,7 +135,7 @@ func (s *storage) start() {
 	exits := make(chan error, 1)
 	go func() { exits <- cmd.Wait() }()
 	s.mu.Lock()
-	s.cmd, s.exits = cmd, exits
+	s.cmd, s.exits, s.out = cmd, exits, &out
 	s.mu.Unlock()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -168,6 +169,19 @@ func (s *storage) kill9() {
 }
 
 func (s *storage) stop() { s.kill9() }
+
+// exited says why the server exited if it did (it should not by itself), or "".
+func (s *storage) exited() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case err := <-s.exits:
+		s.exits <- err
+		return fmt.Sprintf("%s exited: %v\n%s", s.name, err, s.out.String())
+	default:
+		return ""
+	}
+}
 
 // remoteInit is eli init on a remote URI (no --size: the export's size).
 func (e *env) remoteInit(uri string, extra ...string) {

@@ -213,6 +213,13 @@ func (p *Proxy) FailReads(rate float64) {
 	p.readRate = rate
 }
 
+// Upstream is the address of the server new connections go to.
+func (p *Proxy) Upstream() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.upAddr
+}
+
 // SetUpstream sends new connections to another server: with Cut, the export replaced.
 func (p *Proxy) SetUpstream(network, addr string) {
 	p.mu.Lock()
