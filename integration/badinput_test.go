@@ -242,22 +242,11 @@ func TestBadInputWhileAttached(t *testing.T) {
 // working. Once detached, the loop device and the copy attach.
 func TestSameVolumeUnderAnotherPath(t *testing.T) {
 	t.Parallel()
-	testtool.NeedRoot(t)
-	testtool.Need(t, "losetup", "mount")
 	e := newEnv(t, false)
 	img := e.create(volume{name: "orig.img", size: "16M"})
 	backup := e.Path("orig.backup")
 	e.OK("backup", img, backup)
-	out, err := commandErr(time.Minute, "losetup", "--find", "--show", img)
-	if err != nil {
-		t.Fatalf("losetup: %v\n%s", err, out)
-	}
-	loop := strings.TrimSpace(out)
-	t.Cleanup(func() {
-		if out, err := commandErr(time.Minute, "losetup", "-d", loop); err != nil {
-			t.Errorf("losetup -d %s: %v\n%s", loop, err, out)
-		}
-	})
+	loop := loopDevice(t, img)
 	uri := e.Attach(img)
 	data := bytes.Repeat([]byte("written through the file "), 4000)
 	c := dialWithData(t, uri, data)
