@@ -269,8 +269,8 @@ func runFault(t *testing.T, f fault) {
 	case r.Code != 0 && r.Code != 1:
 		t.Errorf("detach: %v", r)
 	}
-	if alive(pid) || len(listed(e)) != 0 {
-		t.Fatalf("after detach: server alive %v, list %+v", alive(pid), listed(e))
+	if alive(e, pid) || len(listed(e)) != 0 {
+		t.Fatalf("after detach: server alive %v, list %+v", alive(e, pid), listed(e))
 	}
 
 	if end == nil {

@@ -35,9 +35,11 @@ func proxiedStorage(e *env, size int64) (*storage, *faultproxy.Proxy, string) {
 	return st, p, "nbd+unix:///?socket=" + sock
 }
 
-// alive reports whether process pid runs: it exists and is not a zombie (a server whose
-// parent exited is reaped by init, which may take a moment).
-func alive(pid int) bool {
+// alive reports whether pid is a server of e that runs: it exists, is not a zombie (a
+// server whose parent exited is reaped by init, which may take a moment), and is eli's
+// server for e's state directory, not a process that took the pid over since (pids wrap
+// quickly on a busy test machine).
+func alive(e *env, pid int) bool {
 	if pid <= 0 || syscall.Kill(pid, 0) != nil {
 		return false
 	}
@@ -45,8 +47,12 @@ func alive(pid int) bool {
 	if err != nil {
 		return false
 	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || i+2 >= len(b) || (b[i+2] != 'Z' && b[i+2] != 'X')
+	if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X') {
+		return false
+	}
+	args, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	return bytes.Contains(args, []byte("\x00__serve")) && bytes.Contains(env, []byte("ELI_STATE_DIR="+e.State+"\x00"))
 }
 
 // stopped reports whether process pid is stopped (state T in /proc/PID/stat).
@@ -112,7 +118,7 @@ func TestDetachStorageGone(t *testing.T) {
 	if r.Code != 1 || !strings.Contains(r.Stderr, "final commit") || !strings.Contains(r.Stderr, "flushed before the failure is safe") {
 		t.Fatalf("detach with the storage gone: want exit 1 saying the final commit failed and what is safe: %v\nserver log:\n%s", r, e.serverLog("z"))
 	}
-	if alive(pid) {
+	if alive(e, pid) {
 		t.Fatalf("the server (pid %d) outlived detach; list says %+v", pid, listed(e))
 	}
 	if l := listed(e); len(l) != 0 {
@@ -143,7 +149,8 @@ func TestSuspendedServer(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	// No cleanup of its own by pid, which another process may have by then: the
+	// env's DetachAll kills a suspended server with detach --force.
 	for deadline := time.Now().Add(time.Minute); !stopped(pid) && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond) // the signal is delivered asynchronously
 	}
@@ -158,8 +165,8 @@ func TestSuspendedServer(t *testing.T) {
 		t.Fatalf("detach of a stopped server: want it refused at once, naming the state (took %v): %v", took, r)
 	}
 	r, took = timed(e, "detach", "--force", "--timeout", "30s", "s.img")
-	if took > 20*time.Second || alive(pid) {
-		t.Fatalf("detach --force of a stopped server took %v; alive %v: %v", took, alive(pid), r)
+	if took > 20*time.Second || alive(e, pid) {
+		t.Fatalf("detach --force of a stopped server took %v; alive %v: %v", took, alive(e, pid), r)
 	}
 	if !strings.Contains(r.Stderr, "killed") {
 		t.Errorf("detach --force after killing does not say so: %v", r)
@@ -335,7 +342,7 @@ func TestFairLockContention(t *testing.T) {
 	// Both valid (the original through two paths): the loser names the live server.
 	r := e.Run("", "attach", "--passphrase-file", e.Pass, "--name", "again", link)
 	pid := e.Attached("orig").Pid
-	if r.Code == 0 || !strings.Contains(r.Stderr, fmt.Sprintf("pid %d", pid)) || !alive(pid) {
+	if r.Code == 0 || !strings.Contains(r.Stderr, fmt.Sprintf("pid %d", pid)) || !alive(e, pid) {
 		t.Fatalf("attach of a served volume through another path: want it refused naming the server (pid %d): %v", pid, r)
 	}
 	if strings.Contains(r.Stderr, "choose another") {
@@ -391,7 +398,7 @@ func TestMessagesThatHelp(t *testing.T) {
 		e.Attach(img)
 		pid := e.Attached("m.img").Pid
 		syscall.Kill(pid, syscall.SIGKILL)
-		for deadline := time.Now().Add(time.Minute); alive(pid) && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(time.Minute); alive(e, pid) && time.Now().Before(deadline); {
 			time.Sleep(20 * time.Millisecond)
 		}
 		if r := e.Run("", "status", "m.img"); r.Code != 1 || !strings.Contains(r.Stderr, "killed") {
