@@ -268,7 +268,8 @@ func (p *Proxy) accept(ln net.Listener) {
 			cc.Close()
 			continue
 		}
-		c := &conn{p: p, client: cc, server: sc, reqs: make(map[uint64]request), opts: make(chan option, 16), done: make(chan struct{})}
+		c := &conn{p: p, client: cc, server: sc, reqs: make(map[uint64]request), opts: make(chan option, 16),
+			done: make(chan struct{}), drained: make(chan struct{})}
 		p.mu.Lock()
 		if p.ln != ln { // killed meanwhile
 			p.mu.Unlock()
@@ -311,30 +312,58 @@ type conn struct {
 	wmu            sync.Mutex // whole replies to the client
 
 	mu         sync.Mutex
-	reqs       map[uint64]request // READs in flight, by cookie, for the length of a simple reply's data
+	reqs       map[uint64]request // requests sent to the server and not yet answered, by cookie
 	structured bool
 
 	opts      chan option // options sent to the server, whose replies serverToClient reads
 	done      chan struct{}
+	drained   chan struct{} // closed when serverToClient reads no more
 	closeOnce sync.Once
 }
 
-type request struct{ length uint32 }
+type request struct {
+	read   bool
+	length uint32 // of a READ: the data a simple reply carries
+}
 
 type option struct {
 	code     uint32
 	noZeroes bool // for NBD_OPT_EXPORT_NAME: the client asked for no 124 zero bytes
 }
 
+// close drops the client's connection at once; the server's follows once the server has
+// answered what it was sent (serverToClient reads and drops the replies), or after
+// drainWait: nbdkit (1.32) can abort on an assertion when a connection closes while it
+// still writes replies, and a storage server that crashed is not the fault a test asks
+// for.
 func (c *conn) close() {
 	c.closeOnce.Do(func() {
 		close(c.done)
 		c.client.Close()
-		c.server.Close()
 		c.p.mu.Lock()
 		delete(c.p.conns, c)
 		c.p.mu.Unlock()
+		go func() {
+			select {
+			case <-c.drained:
+			case <-time.After(drainWait):
+			}
+			c.server.Close()
+		}()
 	})
+}
+
+// drainWait bounds how long a dropped connection's server side waits for its replies.
+const drainWait = 5 * time.Second
+
+// closed reports whether close has run.
+func (c *conn) closed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // clientToServer relays the client's handshake, then its requests, answering those the
@@ -430,9 +459,9 @@ func (c *conn) requests(m [4]byte) {
 			}
 			continue
 		}
-		if cmd == cmdRead {
+		if cmd != cmdDisc {
 			c.mu.Lock()
-			c.reqs[cookie] = request{length: length}
+			c.reqs[cookie] = request{read: cmd == cmdRead, length: length}
 			c.mu.Unlock()
 		}
 		if write(c.server, append(h[:], payload...)) != nil || cmd == cmdDisc {
@@ -471,6 +500,7 @@ func (c *conn) replyError(cmd uint16, cookie uint64) error {
 // serverToClient relays the greeting and each option's replies, then the replies to
 // requests, each whole under wmu so that an injected reply never lands inside one.
 func (c *conn) serverToClient() {
+	defer close(c.drained)
 	defer c.close()
 	var greet [18]byte
 	if readFull(c.server, greet[:]) != nil || binary.BigEndian.Uint64(greet[:]) != magicNBD || !c.gate() || write(c.client, greet[:]) != nil {
@@ -542,11 +572,11 @@ func (c *conn) replies() {
 			}
 			cookie := binary.BigEndian.Uint64(h[8:])
 			c.mu.Lock()
-			r, isRead := c.reqs[cookie]
+			r := c.reqs[cookie]
 			delete(c.reqs, cookie)
 			c.mu.Unlock()
 			b = h[:]
-			if isRead && binary.BigEndian.Uint32(h[4:]) == 0 {
+			if r.read && binary.BigEndian.Uint32(h[4:]) == 0 {
 				data := make([]byte, r.length)
 				if readFull(c.server, data) != nil {
 					return
@@ -577,14 +607,22 @@ func (c *conn) replies() {
 			c.p.logf("faultproxy: bad reply magic")
 			return
 		}
-		if !c.gate() {
-			return
+		if c.closed() || !c.gate() {
+			// The client is gone: drop the reply, and let the server's connection go
+			// once nothing is left to answer.
+			c.mu.Lock()
+			left := len(c.reqs)
+			c.mu.Unlock()
+			if left == 0 {
+				return
+			}
+			continue
 		}
 		c.wmu.Lock()
 		err := write(c.client, b)
 		c.wmu.Unlock()
 		if err != nil {
-			return
+			c.close()
 		}
 	}
 }
