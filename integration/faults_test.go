@@ -55,6 +55,13 @@ func alive(e *env, pid int) bool {
 	return bytes.Contains(args, []byte("\x00__serve")) && bytes.Contains(env, []byte("ELI_STATE_DIR="+e.State+"\x00"))
 }
 
+// exited reports whether process pid has exited: it is a zombie or gone.
+func exited(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	i := bytes.LastIndexByte(b, ')')
+	return err != nil || (i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X'))
+}
+
 // stopped reports whether process pid is stopped (state T in /proc/PID/stat).
 func stopped(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -398,7 +405,9 @@ func TestMessagesThatHelp(t *testing.T) {
 		e.Attach(img)
 		pid := e.Attached("m.img").Pid
 		syscall.Kill(pid, syscall.SIGKILL)
-		for deadline := time.Now().Add(time.Minute); alive(e, pid) && time.Now().Before(deadline); {
+		// Gone means a zombie or no process: a dying process tears its memory down
+		// (and its /proc entries with it) before it closes its files, and its locks.
+		for deadline := time.Now().Add(time.Minute); !exited(pid) && time.Now().Before(deadline); {
 			time.Sleep(20 * time.Millisecond)
 		}
 		if r := e.Run("", "status", "m.img"); r.Code != 1 || !strings.Contains(r.Stderr, "killed") {
