@@ -50,6 +50,7 @@ func TestCeph(t *testing.T) {
 
 	t.Run("RoundTripCiphertextOnly", func(t *testing.T) { cephRoundTrip(t, cl) })
 	t.Run("GatewayRestart", func(t *testing.T) { cephGatewayRestart(t, cl) })
+	t.Run("GatewayOutage", func(t *testing.T) { cephGatewayOutage(t, cl) })
 	t.Run("OSDRestart", func(t *testing.T) { cephOSDRestart(t, cl) })
 }
 
@@ -165,7 +166,7 @@ func cephRoundTrip(t *testing.T, cl *ceph.Cluster) {
 func cephGatewayRestart(t *testing.T, cl *ceph.Cluster) {
 	e, gw := cephVolume(t, cl, "gateway")
 	uri := e.Attach(gw.URI, "--name", "gw")
-	w := startLoad(t, uri, 1)
+	w := startLoad(t, uri, 1, nil)
 	w.waitFlushes(t, 10, "before the first restart")
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		before := blocklist(t, cl)
@@ -197,6 +198,51 @@ func cephGatewayRestart(t *testing.T, cl *ceph.Cluster) {
 	e.detach("gw")
 }
 
+// cephGatewayOutage: with Ceph's default osd_client_watch_timeout (30 s), a killed
+// qemu-nbd restarted at once leaves eli's requests waiting about that long for the
+// image's lock, which eli's remote request timeout, 30 s and fixed, used to race; with
+// attach's defaults they are held and complete. Then qemu-nbd killed and kept down 40 s,
+// past that old timeout, under --queue-timeout forever (dm-multipath's
+// queue_if_no_path): the requests wait out the whole outage, none fails, and no flushed
+// write is lost, across both attaches and a third.
+func cephGatewayOutage(t *testing.T, cl *ceph.Cluster) {
+	cl.SetWatchTimeout(t, 0)
+	defer cl.SetWatchTimeout(t, cephWatchTimeout)
+	e, gw := cephVolume(t, cl, "outage")
+
+	uri := e.Attach(gw.URI, "--name", "out")
+	w := startLoad(t, uri, 3, nil)
+	w.waitFlushes(t, 10, "before the kill")
+	gw.Kill(syscall.SIGKILL)
+	gw.Start(t)
+	w.waitFlushes(t, w.flushCount()+10, "after qemu-nbd's restart with Ceph's default watch timeout")
+	sums := w.finish(t, e, "out")
+	t.Logf("qemu-nbd killed and restarted at once, Ceph's default watch timeout: the longest request waited %v",
+		w.maxWait.Round(time.Millisecond))
+	e.detach("out")
+
+	const down = 40 * time.Second
+	uri = e.Attach(gw.URI, "--name", "out", "--queue-timeout", "forever")
+	w = startLoad(t, uri, 4, sums)
+	w.waitFlushes(t, 10, "before the outage")
+	gw.Kill(syscall.SIGKILL)
+	time.Sleep(down / 2)
+	t.Logf("eli status %v into the outage:\n%s", down/2, e.OK("status", "out").Stdout)
+	time.Sleep(down - down/2)
+	gw.Start(t)
+	w.waitFlushes(t, w.flushCount()+10, fmt.Sprintf("after an outage of %v", down))
+	sums = w.finish(t, e, "out")
+	if w.maxWait < down*3/4 {
+		t.Fatalf("the longest request waited %v through an outage of %v: the requests were not held", w.maxWait, down)
+	}
+	t.Logf("qemu-nbd down %v: the longest request waited %v and completed", down, w.maxWait.Round(time.Millisecond))
+	checkBlocks(t, uri, sums, "while attached")
+	e.detach("out")
+	uri = e.Attach(gw.URI, "--name", "out")
+	checkBlocks(t, uri, sums, "after re-attach")
+	e.detach("out")
+}
+
 // blocklist is the cluster's list of blocklisted client addresses.
 func blocklist(t *testing.T, cl *ceph.Cluster) []string {
 	t.Helper()
@@ -221,7 +267,7 @@ func blocklist(t *testing.T, cl *ceph.Cluster) []string {
 func cephOSDRestart(t *testing.T, cl *ceph.Cluster) {
 	e, gw := cephVolume(t, cl, "osd")
 	uri := e.Attach(gw.URI, "--name", "osd")
-	w := startLoad(t, uri, 2)
+	w := startLoad(t, uri, 2, nil)
 	w.waitFlushes(t, 10, "before the first kill")
 	for _, down := range []time.Duration{0, 8 * time.Second} {
 		cl.KillOSD(syscall.SIGKILL)
@@ -255,18 +301,24 @@ type loadWriter struct {
 	sums    map[int64][32]byte
 	writes  int
 	flushes int
+	maxWait time.Duration // the longest a write or flush took
 	err     error
 	stop    chan struct{}
 	done    chan struct{}
 }
 
-func startLoad(t *testing.T, uri string, seed uint64) *loadWriter {
+// startLoad starts a writer on uri; sums, if not nil, are the digests of what the
+// volume's blocks hold already.
+func startLoad(t *testing.T, uri string, seed uint64, sums map[int64][32]byte) *loadWriter {
 	t.Helper()
 	c, err := nbdclient.Dial("unix", elitest.SocketOf(uri), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &loadWriter{c: c, sums: make(map[int64][32]byte), stop: make(chan struct{}), done: make(chan struct{})}
+	if sums == nil {
+		sums = make(map[int64][32]byte)
+	}
+	w := &loadWriter{c: c, sums: sums, stop: make(chan struct{}), done: make(chan struct{})}
 	t.Cleanup(func() {
 		w.halt()
 		c.Close()
@@ -287,21 +339,25 @@ func (w *loadWriter) run(seed uint64) {
 		}
 		k := rng.Int64N(loadBlocks)
 		fillRandom(rng, p)
+		began := time.Now()
 		if err := w.c.WriteAt(p, k*loadBlock, false); err != nil {
-			w.fail(fmt.Errorf("write %d (block %d): %w", i, k, err))
+			w.fail(fmt.Errorf("write %d (block %d) after %v: %w", i, k, time.Since(began), err))
 			return
 		}
 		w.mu.Lock()
 		w.sums[k] = sha256.Sum256(p)
 		w.writes++
+		w.maxWait = max(w.maxWait, time.Since(began))
 		w.mu.Unlock()
 		if i%8 == 7 {
+			began := time.Now()
 			if err := w.c.Flush(); err != nil {
-				w.fail(fmt.Errorf("flush after write %d: %w", i, err))
+				w.fail(fmt.Errorf("flush after write %d, after %v: %w", i, time.Since(began), err))
 				return
 			}
 			w.mu.Lock()
 			w.flushes++
+			w.maxWait = max(w.maxWait, time.Since(began))
 			w.mu.Unlock()
 		}
 	}
