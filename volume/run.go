@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/elidisk/eli/internal/control"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/provider"
@@ -26,8 +27,9 @@ const statusEvery = 250 * time.Millisecond
 const DefaultStopTimeout = 30 * time.Second
 
 // Run is a whole attachment's life: listen, open the volume on the unlocked provider p,
-// serve it, record it in the state directory, keep its status there, and when ctx ends
-// or a listener fails, stop: disconnect the kernel device, drain, close the volume,
+// serve it, record it in the state directory, keep its status there, answer the
+// control socket (StateDir.ControlSocket: the operations of registerOps), and when ctx
+// ends or a listener fails, stop: disconnect the kernel device, drain, close the volume,
 // write the final status and remove what the attachment left in sd. mk is wiped once
 // the volume is open.
 //
@@ -46,18 +48,33 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	ctl, err := control.Listen(sd.ControlSocket(cfg.Name), log)
+	if err != nil {
+		mk.Wipe()
+		return err
+	}
 	srv, err := Start(cfg, p, mk, log)
 	if err != nil {
+		ctl.Close()
 		return err
 	}
 	v, rec := srv.Volume(), srv.Record()
 	if err := sd.WriteRecord(rec); err != nil {
+		ctl.Close()
 		srv.Shutdown(context.Background())
 		sd.Cleanup(cfg.Name, rec, true)
 		return err
 	}
 	sw := &statusWriter{sd: sd, v: v, name: cfg.Name, pid: rec.Pid, log: log}
 	sw.write()
+	registerOps(ctl, sw)
+	ctlDone := make(chan struct{})
+	go func() {
+		defer close(ctlDone)
+		if err := ctl.Serve(); err != nil {
+			log.Warn("the control socket stopped answering", "err", err)
+		}
+	}()
 	ready(rec)
 
 	done := make(chan struct{})
@@ -92,6 +109,10 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 	sctx, scancel := context.WithDeadline(context.Background(), sd.stopDeadline(cfg.Name, DefaultStopTimeout))
 	serr := srv.Shutdown(sctx)
 	scancel()
+	// The control socket answers while the server stops (status says "stopping"), and
+	// goes once the volume is closed.
+	ctl.Close()
+	<-ctlDone
 	close(done)
 	<-stopped
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/control"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/provider"
@@ -70,6 +71,12 @@ func TestRunLifecycle(t *testing.T) {
 			if st, err := sd.ReadStatus(name); err != nil || st.State != StateServing || st.Name != name {
 				t.Fatalf("status once ready: %+v, %v", st, err)
 			}
+			// The control socket answers once the server is ready.
+			var live Status
+			if err := control.Call(ctx, sd.ControlSocket(name), OpStatus, nil, nil, &live); err != nil ||
+				live.State != StateServing || live.Name != name || live.Pid != os.Getpid() {
+				t.Fatalf("status through the control socket: %+v, %v", live, err)
+			}
 
 			c, err := nbdclient.Dial("unix", cfg.Socket, "")
 			if err != nil {
@@ -81,6 +88,10 @@ func TestRunLifecycle(t *testing.T) {
 			}
 			if err := c.Flush(); err != nil {
 				t.Fatal(err)
+			}
+			// It answers what the server counts now, without the status file's lag.
+			if err := control.Call(ctx, sd.ControlSocket(name), OpStatus, nil, nil, &live); err != nil || live.Writes != 1 || live.Flushes != 1 {
+				t.Errorf("status through the control socket after a write and a flush: %+v, %v", live, err)
 			}
 			if fail {
 				p.armed.Store(true)
@@ -117,7 +128,7 @@ func TestRunLifecycle(t *testing.T) {
 			if fail != (err != nil) {
 				t.Fatalf("Run returned %v; want an error iff the provider failed", err)
 			}
-			for _, ext := range []string{".json", ".sock", ".lock"} {
+			for _, ext := range []string{".json", ".sock", ".lock", ".ctl"} {
 				if _, err := os.Stat(sd.File(name, ext)); !errors.Is(err, os.ErrNotExist) {
 					t.Errorf("%s%s left behind: %v", name, ext, err)
 				}

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/elidisk/eli/internal/control"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,6 +31,7 @@ import (
 //	             ready and removed with the lock: a server that still runs has one
 //	NAME.stop    the deadline `eli detach` gives the server's shutdown
 //	NAME.sock    the default unix socket
+//	NAME.ctl     the control socket: requests to the running server (package control)
 //	NAME.status  the server's Status, rewritten while it runs (see Status)
 //	NAME.log     the server's log when it runs in the background, at most MaxLogBytes,
 //	             with one older part in NAME.log.1
@@ -136,6 +138,9 @@ func (s StateDir) ensure() error {
 
 // File is NAME+ext in the directory.
 func (s StateDir) File(name, ext string) string { return filepath.Join(s.Path, name+ext) }
+
+// ControlSocket is the socket on which the server of name answers control.Call.
+func (s StateDir) ControlSocket(name string) string { return s.File(name, control.Ext) }
 
 // NameLock is the flock a live server holds on NAME.lock.
 type NameLock struct {
@@ -298,6 +303,7 @@ func (s StateDir) Cleanup(name string, rec *Record, all bool) {
 		removeIfSocket(rec.Socket)
 	}
 	removeIfSocket(s.File(name, ".sock"))
+	removeIfSocket(s.ControlSocket(name))
 	os.Remove(s.File(name, ".json"))
 	os.Remove(s.File(name, ".stop"))
 	if all {

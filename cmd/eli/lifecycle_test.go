@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/control"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/volume"
 )
@@ -74,6 +76,13 @@ func TestStatusAndCleanDetach(t *testing.T) {
 	}
 	if st.State != "serving" || st.Name != "st.img" || st.BytesWritten != 8192 || st.Journal != "zero" {
 		t.Errorf("status --json: %+v", st)
+	}
+	// The background server answers its control socket.
+	var live volume.Status
+	sd := volume.StateDir{Path: e.State}
+	if err := control.Call(context.Background(), sd.ControlSocket("st.img"), volume.OpStatus, nil, nil, &live); err != nil ||
+		live.Pid != st.Pid || live.State != "serving" || live.Writes != st.Writes || live.Reads != st.Reads {
+		t.Errorf("status through the control socket: %+v, %v; the status file says %+v", live, err, st)
 	}
 	out := e.OK("status", img).Stdout // by provider path
 	for _, want := range []string{"state:", "serving", "reads:", "writes:", "flushes:", "auth failures:", "commits:", "journal at attach:", "last error:"} {
