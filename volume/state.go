@@ -2,6 +2,7 @@ package volume
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -366,9 +367,21 @@ func (s StateDir) ReadRecord(name string) (*Record, error) {
 // WriteStatus writes NAME's status.
 func (s StateDir) WriteStatus(st *Status) error { return s.writeJSON(st.Name, ".status", st) }
 
-// ReadStatus reads NAME's status: the live one of a running server, or the last one of
-// a server that failed.
+// liveStatusWait bounds ReadStatus's question to a running server, which a stopped
+// process (SIGSTOP) never answers.
+const liveStatusWait = time.Second
+
+// ReadStatus reads NAME's status: the live one of a running server, asked over its
+// control socket (the status file lags a change by up to statusEvery, so a client that
+// just saw a write fail could read "serving" there), or else the one in the status
+// file: a server's that does not answer, or the last one of a server that stopped.
 func (s StateDir) ReadStatus(name string) (*Status, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), liveStatusWait)
+	defer cancel()
+	var live Status
+	if err := control.Call(ctx, s.ControlSocket(name), OpStatus, nil, nil, &live); err == nil {
+		return &live, nil
+	}
 	var st Status
 	if err := s.readJSON(name, ".status", &st); err != nil {
 		return nil, err
