@@ -75,15 +75,16 @@ func (cfg *Config) RemoteOptions(logf func(string, ...any)) remote.Options {
 // kernelTimeout is the request timeout of the kernel device: 30 s, or for a remote
 // provider longer than eli may hold a request for its storage (the kernel would give a
 // request up, and drop the connection, while eli still waits for the storage to come
-// back), and 0, the kernel's default, which never gives up, when eli holds requests
-// without end.
+// back), and the longest the kernel takes (nbdkernel.MaxTimeout) when eli holds
+// requests without end. Not 0: with more than one connection the 6.1 driver still times
+// a request out after 30 s then, and takes its socket down (nbdkernel/timeout.go).
 func (cfg *Config) kernelTimeout() uint64 {
 	const local = 30
 	if !remote.IsURI(cfg.Provider) {
 		return local
 	}
 	if cfg.RemoteQueueTimeout < 0 {
-		return 0
+		return uint64(nbdkernel.MaxTimeout / time.Second)
 	}
 	hold := max(cfg.RemoteQueueTimeout, cfg.RemoteRequestTimeout, remote.DefaultRequestTimeout)
 	return max(local, uint64((hold+10*time.Second)/time.Second))

@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/elidisk/eli/internal/testtool"
 	"github.com/elidisk/eli/nbdclient"
+	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
 )
@@ -156,5 +158,26 @@ func TestKeepDeviceLeavesKernelConnected(t *testing.T) {
 	}
 	if !srv.closed {
 		t.Fatal("Shutdown after KeepDevice did not close the volume")
+	}
+}
+
+// TestKernelTimeout: the kernel device's request timeout outlasts what eli holds a
+// request for its storage; with --queue-timeout forever it is the longest the kernel
+// takes, never 0, which the 6.1 driver treats as 30 s with several connections.
+func TestKernelTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		provider string
+		queue    time.Duration
+		want     uint64
+	}{
+		{"/dev/sdb", 0, 30},
+		{"nbd+unix:///?socket=/s", 0, 40},
+		{"nbd+unix:///?socket=/s", 2 * time.Minute, 130},
+		{"nbd+unix:///?socket=/s", -1, uint64(nbdkernel.MaxTimeout / time.Second)},
+	} {
+		cfg := &Config{Provider: tc.provider, RemoteQueueTimeout: tc.queue}
+		if got := cfg.kernelTimeout(); got != tc.want {
+			t.Errorf("%s, queue timeout %v: kernel timeout %d s, want %d", tc.provider, tc.queue, got, tc.want)
+		}
 	}
 }
