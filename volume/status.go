@@ -12,12 +12,10 @@ const (
 	StateServing = "serving" // attached and answering
 	// StateDegraded: serving, but without the protection against rollback its format
 	// promises: the witness cannot be written (Status.Witness says why).
-	StateDegraded  = "degraded"
-	StateFailed    = "failed"    // the provider failed a write or flush (authenticated modes then refuse writes)
-	StateStopping  = "stopping"  // shutting down: draining, the final commit, letting go
-	StateStopped   = "stopped"   // the server has exited (Status.Final says how)
-	StateStarting  = "starting"  // List: the process holds the name but has no record yet
-	StateSuspended = "suspended" // List: the process is stopped (SIGSTOP) and answers nothing
+	StateDegraded = "degraded"
+	StateFailed   = "failed"   // the provider failed a write or flush (authenticated modes then refuse writes)
+	StateStopping = "stopping" // shutting down: draining, the final commit, letting go
+	StateStopped  = "stopped"  // the server has exited (Status.Final says how)
 )
 
 // Status is what the server reports about its volume: `eli status`, the state column of
@@ -68,8 +66,10 @@ type Status struct {
 	Authenticated bool `json:"authenticated"`
 }
 
-// Status is a snapshot of v's counters and state.
+// Status is a snapshot of v's counters and state. A provider fenced since the last
+// write (a remote volume taken over) fails the volume here, without waiting for one.
 func (v *Volume) Status() Status {
+	v.checkFence()
 	st := v.dev.Stats()
 	r := v.dev.Recovery()
 	s := Status{

@@ -306,6 +306,9 @@ func (v *Volume) SectorSize() int { return v.dev.SectorSize() }
 // Recovery reports what opening the volume found in its journal.
 func (v *Volume) Recovery() blockdev.Recovery { return v.dev.Recovery() }
 
+// Changed is kicked when the volume fails, for a watcher of its Status to look at once.
+func (v *Volume) Changed() <-chan struct{} { return v.changed }
+
 // Err is the provider failure that stopped the volume, or nil.
 func (v *Volume) Err() error {
 	v.mu.Lock()

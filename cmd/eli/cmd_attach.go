@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/nbdkernel"
@@ -183,7 +184,7 @@ func addServeFlags(cmd *cobra.Command, o *attachOptions) {
 
 // serveSetup checks the options shared by attach and onetime and builds the server's
 // config.
-func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Config, error) {
+func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*volume.Config, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
@@ -198,9 +199,9 @@ func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Con
 		}
 	}
 	if name == "" {
-		name = volume.DefaultName(abs)
+		name = daemon.DefaultName(abs)
 	}
-	if err := volume.ValidName(name); err != nil {
+	if err := daemon.ValidName(name); err != nil {
 		return nil, usageError{err}
 	}
 	if o.listen != "" && o.tlsCert == "" && !o.insecureTCP {
@@ -269,7 +270,7 @@ func absOrEmpty(p string) string {
 }
 
 func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path string) error {
-	sd, err := volume.ResolveStateDir(g.stateDir)
+	sd, err := daemon.ResolveStateDir(g.stateDir)
 	if err != nil {
 		return err
 	}
@@ -288,7 +289,7 @@ func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path stri
 // attachment is a reserved name and an unlocked provider, ready to be served.
 type attachment struct {
 	cfg  *volume.Config
-	lock *volume.NameLock
+	lock *daemon.NameLock
 	h    *volume.Handle
 	mk   *keys.MasterKey
 }
@@ -307,7 +308,7 @@ func (o *attachOptions) access() volume.Access {
 // prepareAttach unlocks the provider, then reserves the name and takes the provider's
 // locks: the KDF and the checks against the witness hold nothing that another attach of
 // the volume could be waiting for.
-func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachment, error) {
+func prepareAttach(sd daemon.StateDir, o *attachOptions, path string) (*attachment, error) {
 	if o.slot != keys.AnySlot && (o.slot < 0 || o.slot >= keys.NumSlots) {
 		return nil, usagef("--slot must be 0 to %d", keys.NumSlots-1)
 	}
@@ -372,7 +373,7 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 // attachable refuses, before the passphrase is asked for, what the locks would refuse
 // after it: the volume served already (through any path: its ID), or the name taken by
 // another volume's server.
-func attachable(sd volume.StateDir, o *attachOptions, name, path string, hdr *keys.Header) error {
+func attachable(sd daemon.StateDir, o *attachOptions, name, path string, hdr *keys.Header) error {
 	if rec := sd.Serving(hdr.VolumeID); rec != nil && !o.force && !(o.readOnly && rec.ReadOnly) {
 		how := "open for writing"
 		if rec.ReadOnly {
@@ -391,7 +392,7 @@ func attachable(sd volume.StateDir, o *attachOptions, name, path string, hdr *ke
 
 // lockName reserves a name, waiting a moment for an attach of it that has not finished,
 // and clears what an earlier server of that name left.
-func lockName(sd volume.StateDir, name string) (*volume.NameLock, error) {
+func lockName(sd daemon.StateDir, name string) (*daemon.NameLock, error) {
 	lock, err := sd.LockNameWait(name, 0)
 	if err != nil {
 		return nil, err
@@ -410,7 +411,7 @@ func (a *attachment) release() {
 // serve serves in this process (--foreground) or starts the background server and waits
 // until it reports that the export is ready. Either way the provider and the name are
 // free again when it returns, unless a background server holds them.
-func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bool) error {
+func (a *attachment) serve(cmd *cobra.Command, sd daemon.StateDir, foreground bool) error {
 	if foreground {
 		defer a.release()
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -422,7 +423,7 @@ func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bo
 		svc := newService(ctx, a.cfg, log)
 		defer svc.stopped()
 		ready := false
-		err := volume.Run(ctx, a.cfg, sd, a.h.Provider(), a.mk, log, func(rec *volume.Record) {
+		err := daemon.Run(ctx, a.cfg, sd, a.h.Provider(), a.mk, log, func(rec *daemon.Record) {
 			ready = true
 			a.h.MarkServing()
 			printReady(cmd.OutOrStdout(), rec, a.cfg)
@@ -456,7 +457,7 @@ func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bo
 
 // finalError is the one line that says how a server's final commit failed, from the
 // status it left, or err itself if it left none.
-func finalError(sd volume.StateDir, name string, err error) error {
+func finalError(sd daemon.StateDir, name string, err error) error {
 	if st, serr := sd.ReadStatus(name); serr == nil && st.Pid == os.Getpid() {
 		if msg := st.Problem(); msg != "" {
 			return errors.New(msg)
@@ -467,7 +468,7 @@ func finalError(sd volume.StateDir, name string, err error) error {
 
 // printReady says where the export is; the last line is its unix URI, for scripts. What
 // the server found wrong that does not stop it goes to stderr.
-func printReady(out io.Writer, rec *volume.Record, cfg *volume.Config) {
+func printReady(out io.Writer, rec *daemon.Record, cfg *volume.Config) {
 	for _, w := range rec.Warnings {
 		warnf("%s: %s", rec.Name, w)
 	}
@@ -488,15 +489,15 @@ func printReady(out io.Writer, rec *volume.Record, cfg *volume.Config) {
 const (
 	fdProvider = 3 // the provider, opened and flock'ed by attach
 	fdNameLock = 4 // the state directory's NAME.lock, flock'ed by attach
-	fdSetup    = 5 // read end of a pipe: volume.WriteSetup
-	fdReady    = 6 // write end of a pipe: volume.WriteReady once ready (or failed)
+	fdSetup    = 5 // read end of a pipe: daemon.WriteSetup
+	fdReady    = 6 // write end of a pipe: daemon.WriteReady once ready (or failed)
 	fdIDLock   = 7 // the volume's host-wide ID lock (volume.IDLock) taken by attach, or /dev/null
 )
 
 // spawnServer re-executes eli as the background server. The master key goes through a
 // pipe, never argv or the environment; the provider, the name lock and the volume's ID
 // lock are inherited already locked, so no other attach can slip in between.
-func spawnServer(sd volume.StateDir, cfg *volume.Config, in volume.Inherited, lock *volume.NameLock, mk *keys.MasterKey) (*volume.Record, error) {
+func spawnServer(sd daemon.StateDir, cfg *volume.Config, in volume.Inherited, lock *daemon.NameLock, mk *keys.MasterKey) (*daemon.Record, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -546,14 +547,14 @@ func spawnServer(sd volume.StateDir, cfg *volume.Config, in volume.Inherited, lo
 	readyW.Close()
 	setupR.Close()
 
-	werr := volume.WriteSetup(setupW, cfg, mk)
+	werr := daemon.WriteSetup(setupW, cfg, mk)
 	setupW.Close()
 	if werr != nil {
 		child.Process.Kill()
 		child.Wait()
 		return nil, fmt.Errorf("hand the key to the server: %w", werr)
 	}
-	rec, err := volume.ReadReady(readyR)
+	rec, err := daemon.ReadReady(readyR)
 	if err == nil {
 		// The child is the server and outlives us: release it, not wait for it.
 		child.Process.Release()
@@ -562,7 +563,7 @@ func spawnServer(sd volume.StateDir, cfg *volume.Config, in volume.Inherited, lo
 	// A child that failed exits at once; waiting for it means that its locks, which it
 	// may not have reached the point of closing in order, are gone when attach returns.
 	child.Wait()
-	if errors.Is(err, volume.ErrNoReady) {
+	if errors.Is(err, daemon.ErrNoReady) {
 		return nil, fmt.Errorf("%w%s", err, logTail(cfg.LogFile))
 	}
 	return nil, err
@@ -613,23 +614,23 @@ func runBackgroundServer(g *globalOptions) error {
 		lockf.Close()
 		err = explain(err)
 		log.Error("attach failed", "err", err)
-		volume.WriteReady(readyW, nil, err)
+		daemon.WriteReady(readyW, nil, err)
 		return err
 	}
 	if err := keys.ForbidCoreDumps(); err != nil {
 		log.Warn("core dumps stay possible", "err", err)
 	}
-	cfg, mk, err := volume.ReadSetup(os.NewFile(fdSetup, "setup"))
+	cfg, mk, err := daemon.ReadSetup(os.NewFile(fdSetup, "setup"))
 	if err != nil {
 		return fail(err)
 	}
-	sd, err := volume.ResolveStateDir(g.stateDir)
+	sd, err := daemon.ResolveStateDir(g.stateDir)
 	if err != nil {
 		mk.Wipe()
 		return fail(err)
 	}
 	if cfg.LogFile != "" {
-		log = slog.New(slog.NewTextHandler(volume.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
+		log = slog.New(slog.NewTextHandler(daemon.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
 	}
 	nameLock := sd.NameLockFromFile(lockf, cfg.Name) // names this process as the holder
 	access := volume.ReadWrite
@@ -651,12 +652,12 @@ func runBackgroundServer(g *globalOptions) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	ready := false
-	err = volume.Run(ctx, cfg, sd, h.Provider(), mk, log, func(rec *volume.Record) {
+	err = daemon.Run(ctx, cfg, sd, h.Provider(), mk, log, func(rec *daemon.Record) {
 		ready = true
 		if err := h.MarkServing(); err != nil {
 			log.Warn("volume lock: cannot say the volume is served", "err", err)
 		}
-		volume.WriteReady(readyW, rec, nil)
+		daemon.WriteReady(readyW, rec, nil)
 	})
 	if !ready {
 		return fail(err)

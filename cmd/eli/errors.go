@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/volume"
@@ -22,7 +23,7 @@ func explain(err error) error {
 		readOnly *volume.ReadOnlyError
 		busy     *provider.BusyError
 		over     *volume.OverwriteError
-		nameHeld *volume.NameHeldError
+		nameHeld *daemon.NameHeldError
 		rollback *volume.RollbackError
 	)
 	switch {

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/remote"
-	"github.com/elidisk/eli/volume"
 )
 
 // providerName is how a PROVIDER argument is recorded and shown: a remote URI in its
@@ -18,7 +18,7 @@ func providerName(path string) (string, error) {
 	return path, nil
 }
 
-// findArg is what volume.StateDir.Find looks for: a remote URI in the spelling the
+// findArg is what daemon.StateDir.Find looks for: a remote URI in the spelling the
 // record holds.
 func findArg(arg string) string {
 	if n, err := providerName(arg); err == nil {
@@ -39,11 +39,11 @@ func remoteName(uri string) string {
 		return "remote"
 	}
 	if t.Export != "" {
-		return volume.DefaultName(t.Export)
+		return daemon.DefaultName(t.Export)
 	}
 	if t.Network == "tcp" {
 		host, _, _ := net.SplitHostPort(t.Address)
-		return volume.DefaultName(host)
+		return daemon.DefaultName(host)
 	}
-	return volume.DefaultName(t.Address)
+	return daemon.DefaultName(t.Address)
 }

@@ -1,4 +1,4 @@
-package volume
+package daemon
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	"io"
 
 	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/volume"
 )
 
 // The background server is a child process that inherits the locked provider and name
@@ -20,7 +21,7 @@ const maxSetup = 64 << 10
 
 // WriteSetup sends cfg and the master key: a big-endian u32 length, the config as JSON,
 // then the key's bytes.
-func WriteSetup(w io.Writer, cfg *Config, mk *keys.MasterKey) error {
+func WriteSetup(w io.Writer, cfg *volume.Config, mk *keys.MasterKey) error {
 	conf, err := json.Marshal(cfg)
 	if err != nil {
 		return err
@@ -37,7 +38,7 @@ func WriteSetup(w io.Writer, cfg *Config, mk *keys.MasterKey) error {
 }
 
 // ReadSetup reads what WriteSetup sent and closes r.
-func ReadSetup(r io.ReadCloser) (*Config, *keys.MasterKey, error) {
+func ReadSetup(r io.ReadCloser) (*volume.Config, *keys.MasterKey, error) {
 	defer r.Close()
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
@@ -51,7 +52,7 @@ func ReadSetup(r io.ReadCloser) (*Config, *keys.MasterKey, error) {
 	if _, err := io.ReadFull(r, conf); err != nil {
 		return nil, nil, fmt.Errorf("read setup: %w", err)
 	}
-	cfg := &Config{}
+	cfg := &volume.Config{}
 	if err := json.Unmarshal(conf, cfg); err != nil {
 		return nil, nil, fmt.Errorf("read setup: %w", err)
 	}
