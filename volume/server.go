@@ -21,8 +21,8 @@ import (
 	"github.com/elidisk/eli/sector"
 )
 
-// Config is everything a server needs besides the provider, the name lock and the master
-// key. The background server receives it as JSON from `eli attach`; it holds no secret.
+// Config is everything a server needs besides the provider and the master key. It holds
+// no secret, and encodes as JSON (eli's background server receives it so).
 type Config struct {
 	Name        string `json:"name"`
 	Provider    string `json:"provider"`
@@ -41,7 +41,6 @@ type Config struct {
 	Witness        string `json:"witness,omitempty"`
 	AcceptRollback bool   `json:"accept_rollback,omitempty"`
 	CacheBytes     int64  `json:"cache_bytes,omitempty"`
-	LogFile        string `json:"log_file,omitempty"`
 
 	// Onetime volumes have no header: the mode and sector size come from here, and the
 	// provider is formatted by the server before it is served.
@@ -50,16 +49,6 @@ type Config struct {
 	SectorSize int         `json:"sector_size,omitempty"`
 	VolumeID   [16]byte    `json:"volume_id"`
 
-	// Owner is the instance ID of the ownership mark attach took on a remote provider,
-	// which the server adopts and heartbeats (package remote); empty for local ones.
-	Owner string `json:"owner,omitempty"`
-
-	// KeepBusyDevice: when Run stops, a kernel device still in use (a file system that
-	// could not be unmounted) is left connected as KeepDevice leaves it, for a new server
-	// to re-plug, instead of being pulled from under its users. 'eli attach
-	// --foreground' sets it: a supervisor's stop or restart is not 'eli detach', which
-	// refuses a device in use before it asks the server to stop.
-	KeepBusyDevice bool `json:"keep_busy_device,omitempty"`
 	// RemoteRequestTimeout and RemoteQueueTimeout are a remote provider's
 	// remote.Options (0: their defaults; a negative queue timeout holds requests
 	// without end, nbdclient.Forever).
@@ -333,8 +322,8 @@ var inUse = nbdkernel.InUse
 
 // KeepDeviceIfBusy makes the server leave its kernel device connected when it stops
 // (KeepDevice) if the device is in use, or if that cannot be told: for a server that a
-// supervisor stops or restarts (Config.KeepBusyDevice), which must not pull a mounted
-// device from under its users.
+// supervisor stops or restarts, which must not pull a mounted device from under its
+// users.
 func (s *Server) KeepDeviceIfBusy() {
 	if s.devIndex < 0 {
 		return

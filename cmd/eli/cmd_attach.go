@@ -184,7 +184,7 @@ func addServeFlags(cmd *cobra.Command, o *attachOptions) {
 
 // serveSetup checks the options shared by attach and onetime and builds the server's
 // config.
-func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*volume.Config, error) {
+func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*daemon.Setup, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
@@ -242,7 +242,7 @@ func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*volume.Con
 	if err != nil {
 		return nil, err
 	}
-	cfg := &volume.Config{
+	cfg := &daemon.Setup{Config: volume.Config{
 		RemoteRequestTimeout: ro.RequestTimeout, RemoteQueueTimeout: ro.QueueTimeout,
 		Name: name, Provider: abs, Socket: socket, Listen: o.listen,
 		TLSCert: absOrEmpty(o.tlsCert), TLSKey: absOrEmpty(o.tlsKey), TLSClientCA: absOrEmpty(o.tlsClientCA),
@@ -251,7 +251,7 @@ func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*volume.Con
 		// The kernel device re-plugs after a server crash (attach --device again): only
 		// writes committed before they were acknowledged survive that.
 		WriteThrough: o.device != "" && !o.writeBack,
-	}
+	}}
 	if o.writeBack && o.device == "" {
 		return nil, usagef("--write-back goes with --device (other clients get write-back anyway)")
 	}
@@ -288,7 +288,7 @@ func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path stri
 
 // attachment is a reserved name and an unlocked provider, ready to be served.
 type attachment struct {
-	cfg  *volume.Config
+	cfg  *daemon.Setup
 	lock *daemon.NameLock
 	h    *volume.Handle
 	mk   *keys.MasterKey
@@ -468,7 +468,7 @@ func finalError(sd daemon.StateDir, name string, err error) error {
 
 // printReady says where the export is; the last line is its unix URI, for scripts. What
 // the server found wrong that does not stop it goes to stderr.
-func printReady(out io.Writer, rec *daemon.Record, cfg *volume.Config) {
+func printReady(out io.Writer, rec *daemon.Record, cfg *daemon.Setup) {
 	for _, w := range rec.Warnings {
 		warnf("%s: %s", rec.Name, w)
 	}
@@ -491,13 +491,13 @@ const (
 	fdNameLock = 4 // the state directory's NAME.lock, flock'ed by attach
 	fdSetup    = 5 // read end of a pipe: daemon.WriteSetup
 	fdReady    = 6 // write end of a pipe: daemon.WriteReady once ready (or failed)
-	fdIDLock   = 7 // the volume's host-wide ID lock (volume.IDLock) taken by attach, or /dev/null
+	fdIDLock   = 7 // the volume's host-wide ID lock (volume.OpenProvider) taken by attach, or /dev/null
 )
 
 // spawnServer re-executes eli as the background server. The master key goes through a
 // pipe, never argv or the environment; the provider, the name lock and the volume's ID
 // lock are inherited already locked, so no other attach can slip in between.
-func spawnServer(sd daemon.StateDir, cfg *volume.Config, in volume.Inherited, lock *daemon.NameLock, mk *keys.MasterKey) (*daemon.Record, error) {
+func spawnServer(sd daemon.StateDir, cfg *daemon.Setup, in volume.Inherited, lock *daemon.NameLock, mk *keys.MasterKey) (*daemon.Record, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err

@@ -91,7 +91,7 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 			return err
 		}
 		defer a.release()
-		srv, err := volume.Start(a.cfg, a.h.Provider(), a.mk, slog.New(slog.DiscardHandler))
+		srv, err := volume.Start(&a.cfg.Config, a.h.Provider(), a.mk, slog.New(slog.DiscardHandler))
 		if err != nil {
 			return err
 		}

@@ -11,7 +11,6 @@ import (
 	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/sdnotify"
-	"github.com/elidisk/eli/volume"
 )
 
 // deviceAuto is --device's value that lets eli pick the device.
@@ -39,15 +38,15 @@ func (a *attachment) pickDevice(sd daemon.StateDir) (release func(), err error) 
 
 // service is what 'eli attach --foreground' does for a supervisor (systemd's
 // Type=notify services): say when the volume serves and when it stops, name its kernel
-// device, and keep a device in use connected when stopped (volume.Config.KeepBusyDevice).
+// device, and keep a device in use connected when stopped (daemon.Setup.KeepBusyDevice).
 type service struct {
-	cfg   *volume.Config
+	cfg   *daemon.Setup
 	log   *slog.Logger
 	named *elidev.Named
 }
 
 // newService prepares cfg's server for supervision; ctx ends when it is asked to stop.
-func newService(ctx context.Context, cfg *volume.Config, log *slog.Logger) *service {
+func newService(ctx context.Context, cfg *daemon.Setup, log *slog.Logger) *service {
 	cfg.KeepBusyDevice = true
 	go func() {
 		<-ctx.Done()

@@ -44,7 +44,7 @@ const DefaultStopTimeout = 30 * time.Second
 // The caller holds the name's lock and the provider's, and releases them after Run
 // returns (the provider first: see StateDir); the record stays until the name's lock
 // is released, so that a server that still runs is always listed.
-func Run(ctx context.Context, cfg *volume.Config, sd StateDir, p provider.Provider, mk *keys.MasterKey, log *slog.Logger, ready func(*Record)) error {
+func Run(ctx context.Context, cfg *Setup, sd StateDir, p provider.Provider, mk *keys.MasterKey, log *slog.Logger, ready func(*Record)) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -53,7 +53,7 @@ func Run(ctx context.Context, cfg *volume.Config, sd StateDir, p provider.Provid
 		mk.Wipe()
 		return err
 	}
-	srv, err := volume.Start(cfg, p, mk, log)
+	srv, err := volume.Start(&cfg.Config, p, mk, log)
 	if err != nil {
 		ctl.Close()
 		return err

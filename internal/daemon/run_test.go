@@ -91,8 +91,8 @@ func TestRunLifecycle(t *testing.T) {
 			if err := os.WriteFile(sd.File(name, ".log"), []byte("log\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			cfg := &volume.Config{Name: name, Provider: path, Socket: sd.File(name, ".sock"), LogFile: sd.File(name, ".log"),
-				Onetime: true, Mode: sector.Default, SectorSize: 4096, VolumeID: mk.VolumeID()}
+			cfg := &Setup{Config: volume.Config{Name: name, Provider: path, Socket: sd.File(name, ".sock"),
+				Onetime: true, Mode: sector.Default, SectorSize: 4096, VolumeID: mk.VolumeID()}, LogFile: sd.File(name, ".log")}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			ready := make(chan *Record, 1)
@@ -216,7 +216,7 @@ func TestRunListenFailureTouchesNothing(t *testing.T) {
 	}
 	defer p.Close()
 	mk := generateKey(t)
-	cfg := &volume.Config{Name: "x", Provider: path, Socket: "/proc/eli-cannot-be-here.sock", Onetime: true, Mode: sector.Default, SectorSize: 4096, VolumeID: mk.VolumeID()}
+	cfg := &Setup{Config: volume.Config{Name: "x", Provider: path, Socket: "/proc/eli-cannot-be-here.sock", Onetime: true, Mode: sector.Default, SectorSize: 4096, VolumeID: mk.VolumeID()}}
 	sd := StateDir{Path: shortDir(t)}
 	err = Run(context.Background(), cfg, sd, p, mk, nil, func(*Record) { t.Error("ready called") })
 	if err == nil || !strings.Contains(err.Error(), "listen") {

@@ -79,7 +79,7 @@ type Record struct {
 }
 
 // newRecord describes the server srv started with cfg.
-func newRecord(cfg *volume.Config, srv *volume.Server) *Record {
+func newRecord(cfg *Setup, srv *volume.Server) *Record {
 	v := srv.Volume()
 	dev, ino, _ := FileID(cfg.Provider)
 	return &Record{
