@@ -49,17 +49,19 @@ type Config struct {
 	SectorSize int         `json:"sector_size,omitempty"`
 	VolumeID   [16]byte    `json:"volume_id"`
 
-	// RemoteRequestTimeout and RemoteQueueTimeout are a remote provider's
-	// remote.Options (0: their defaults; a negative queue timeout holds requests
-	// without end, nbdclient.Forever).
+	// RemoteRequestTimeout, RemoteQueueTimeout and RemoteInterval are a remote
+	// provider's remote.Options (0: their defaults; a negative queue timeout holds
+	// requests without end, nbdclient.Forever).
 	RemoteRequestTimeout time.Duration `json:"remote_request_timeout,omitempty"`
 	RemoteQueueTimeout   time.Duration `json:"remote_queue_timeout,omitempty"`
+	RemoteInterval       time.Duration `json:"remote_interval,omitempty"`
 }
 
 // RemoteOptions are the options a remote provider is reached with; logf hears of lost
 // connections.
 func (cfg *Config) RemoteOptions(logf func(string, ...any)) remote.Options {
-	return remote.Options{Logf: logf, RequestTimeout: cfg.RemoteRequestTimeout, QueueTimeout: cfg.RemoteQueueTimeout}
+	return remote.Options{Logf: logf, RequestTimeout: cfg.RemoteRequestTimeout, QueueTimeout: cfg.RemoteQueueTimeout,
+		Interval: cfg.RemoteInterval}
 }
 
 // kernelTimeout is the request timeout of the kernel device: 30 s, or for a remote

@@ -150,6 +150,7 @@ func (o *attachOptions) remoteOptions(path string) (remote.Options, error) {
 		return ro, usagef("--io-timeout %v: give 100ms or more", o.ioTimeout)
 	}
 	ro.RequestTimeout = o.ioTimeout
+	ro.Interval = heartbeatInterval()
 	switch q := o.queueTimeout; q {
 	case "":
 		ro.QueueTimeout = defaultQueueTimeout
@@ -243,7 +244,7 @@ func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*daemon.Set
 		return nil, err
 	}
 	cfg := &daemon.Setup{Config: volume.Config{
-		RemoteRequestTimeout: ro.RequestTimeout, RemoteQueueTimeout: ro.QueueTimeout,
+		RemoteRequestTimeout: ro.RequestTimeout, RemoteQueueTimeout: ro.QueueTimeout, RemoteInterval: ro.Interval,
 		Name: name, Provider: abs, Socket: socket, Listen: o.listen,
 		TLSCert: absOrEmpty(o.tlsCert), TLSKey: absOrEmpty(o.tlsKey), TLSClientCA: absOrEmpty(o.tlsClientCA),
 		InsecureTCP: o.insecureTCP, ReadOnly: o.readOnly, Device: o.device, Connections: o.connections,
@@ -459,7 +460,7 @@ func (a *attachment) serve(cmd *cobra.Command, sd daemon.StateDir, foreground bo
 // status it left, or err itself if it left none.
 func finalError(sd daemon.StateDir, name string, err error) error {
 	if st, serr := sd.ReadStatus(name); serr == nil && st.Pid == os.Getpid() {
-		if msg := st.Problem(); msg != "" {
+		if msg := problem(st); msg != "" {
 			return errors.New(msg)
 		}
 	}

@@ -221,7 +221,7 @@ func finalStatus(sd daemon.StateDir, rec *daemon.Record) error {
 		return fmt.Errorf("%s: the server exited without reporting its final commit; what was flushed is safe, "+
 			"and the next attach recovers the journal%s", rec.Name, where)
 	}
-	if msg := st.Problem(); msg != "" {
+	if msg := problem(st); msg != "" {
 		return errors.New(msg + where)
 	}
 	return nil

@@ -121,7 +121,7 @@ the line on stderr says which.`,
 // statusExit is status's exit: nil while the volume serves as it should, otherwise the
 // one line that says what is wrong (exit 1).
 func statusExit(st *volume.Status, killed bool) error {
-	msg := st.Problem()
+	msg := problem(st)
 	switch {
 	case msg != "":
 	case killed:

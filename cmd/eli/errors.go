@@ -25,6 +25,7 @@ func explain(err error) error {
 		over     *volume.OverwriteError
 		nameHeld *daemon.NameHeldError
 		rollback *volume.RollbackError
+		witness  *volume.WitnessError
 	)
 	switch {
 	case err == nil:
@@ -68,6 +69,10 @@ func explain(err error) error {
 	case errors.Is(err, blockdev.ErrFreshness):
 		return fmt.Errorf("%w: the provider was changed while it was detached (tampering, or an image restored in part); "+
 			"restore a backup of the whole provider, or attach the copy you trust", err)
+	case errors.As(err, &witness) && witness.Kind == volume.WitnessDamaged:
+		return fmt.Errorf("%w: remove it to trust the provider as it is", err)
+	case errors.As(err, &witness) && witness.Kind == volume.WitnessForeign:
+		return fmt.Errorf("%w: give this volume's with --witness", err)
 	case errors.As(err, &rollback):
 		if rollback.Fork {
 			return fmt.Errorf("%w; attach the copy you trust with --accept-rollback", err)

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"net"
+	"os"
+	"time"
 
 	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/nbdclient"
@@ -25,6 +27,22 @@ func findArg(arg string) string {
 		return n
 	}
 	return arg
+}
+
+// ownerIntervalEnv, for tests only, shortens a remote volume's ownership heartbeat (a
+// Go duration, 10ms to remote.MaxInterval), so that tests of takeovers do not wait
+// seconds.
+const ownerIntervalEnv = "ELI_TEST_OWNER_INTERVAL"
+
+// heartbeatInterval is remote.Options.Interval: the default (0), unless
+// ownerIntervalEnv says otherwise.
+func heartbeatInterval() time.Duration {
+	if v := os.Getenv(ownerIntervalEnv); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d >= 10*time.Millisecond && d <= remote.MaxInterval {
+			return d
+		}
+	}
+	return 0
 }
 
 func noRemoteSize(path string) error {

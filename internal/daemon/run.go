@@ -125,7 +125,7 @@ func Run(ctx context.Context, cfg *Setup, sd StateDir, p provider.Provider, mk *
 	// goes with the name's lock (NameLock.Release).
 	removeIfSocket(cfg.Socket)
 	removeIfSocket(sd.File(cfg.Name, ".sock"))
-	if final.Problem() == "" {
+	if !final.Failed() && final.Witness == "" {
 		os.Remove(sd.File(cfg.Name, ".status"))
 		os.Remove(sd.File(cfg.Name, ".log"))
 		os.Remove(sd.File(cfg.Name, ".log.1"))

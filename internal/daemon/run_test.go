@@ -186,10 +186,9 @@ func TestRunLifecycle(t *testing.T) {
 			if serr != nil || lerr != nil {
 				t.Fatalf("a failed server must keep its status (%v) and log (%v)", serr, lerr)
 			}
-			msg := st.Problem()
-			if st.State != volume.StateStopped || !st.Failed() || !strings.Contains(msg, "no space left") ||
-				!strings.Contains(msg, "journal") || strings.Contains(msg, "\n") {
-				t.Errorf("final status %+v; problem %q", st, msg)
+			if st.State != volume.StateStopped || !st.Failed() || !strings.Contains(st.Error, "no space left") ||
+				!strings.Contains(st.Final, "no space left") || !st.Authenticated {
+				t.Errorf("final status %+v; want the failure, as error and final commit, of a volume with a journal", st)
 			}
 			// The next attach of the name clears them.
 			sd.Cleanup(name, nil, true)
