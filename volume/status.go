@@ -19,9 +19,11 @@ const (
 )
 
 // Status is what the server reports about its volume: `eli status`, the state column of
-// `eli list`, and the final word `eli detach` reports. The server rewrites it in the
-// state directory (NAME.status, see StateDir) when it changes, at most a few times a
-// second, at once when the volume fails, and a last time when it stops.
+// `eli list`, and the final word `eli detach` reports. Volume.Status fills in the
+// volume's state and counters; eli's background server (package internal/daemon) adds
+// its name, pid, final outcome and time, and rewrites it in its state directory when it
+// changes, at most a few times a second, at once when the volume fails, and a last time
+// when it stops.
 type Status struct {
 	Name  string `json:"name"`
 	Pid   int    `json:"pid"`

@@ -39,7 +39,7 @@ const DefaultStopTimeout = 30 * time.Second
 //
 // The shutdown is bounded: by the deadline StateDir.RequestStop gave (eli detach), or
 // DefaultStopTimeout after ctx ends; a remote provider's requests end by then (see
-// Server.Shutdown). Meanwhile the status says "stopping".
+// volume.Server.Shutdown). Meanwhile the status says "stopping".
 //
 // The caller holds the name's lock and the provider's, and releases them after Run
 // returns (the provider first: see StateDir); the record stays until the name's lock

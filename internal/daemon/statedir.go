@@ -34,7 +34,7 @@ import (
 //	NAME.stop    the deadline `eli detach` gives the server's shutdown
 //	NAME.sock    the default unix socket
 //	NAME.ctl     the control socket: requests to the running server (package control)
-//	NAME.status  the server's Status, rewritten while it runs (see Status)
+//	NAME.status  the server's volume.Status, rewritten while it runs
 //	NAME.log     the server's log when it runs in the background, at most MaxLogBytes,
 //	             with one older part in NAME.log.1
 //
