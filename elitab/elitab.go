@@ -22,9 +22,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/nbdkernel"
-	"github.com/elidisk/eli/volume"
 )
 
 // Path is where the table lives.
@@ -230,7 +230,7 @@ func parseLine(line string) (Volume, error) {
 		fields[i] = u
 	}
 	v := Volume{Name: fields[0], Provider: fields[1], KeySlot: -1, Timeout: DefaultTimeout, Tries: DefaultTries, Device: DeviceAuto}
-	if err := volume.ValidName(v.Name); err != nil {
+	if err := daemon.ValidName(v.Name); err != nil {
 		return Volume{}, fieldErr("name", "%v", err)
 	}
 	keyField := "-"

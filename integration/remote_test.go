@@ -27,7 +27,7 @@ import (
 
 func init() {
 	// Ownership heartbeats every 300 ms, so that a refused or forced second attach
-	// waits about a second instead of six (remote.IntervalEnv; tests only). Local
+	// waits about a second instead of six (eli's ownerIntervalEnv; tests only). Local
 	// providers do not use the mark, so other tests do not notice.
 	os.Setenv("ELI_TEST_OWNER_INTERVAL", "300ms")
 }

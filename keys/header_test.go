@@ -256,11 +256,11 @@ func TestReadErrors(t *testing.T) {
 		{"both corrupt", func(p *memProvider) {
 			p.put(300, []byte{0xff})
 			p.put(copyB(p)+300, []byte{0xff})
-		}, ErrCorrupt, "both header copies are corrupt; restore from a backup with eli restore"},
+		}, ErrCorrupt, "both header copies are corrupt (eli header copy at offset 0 is corrupt"},
 		{"A corrupt, B missing", func(p *memProvider) {
 			p.put(300, []byte{0xff})
 			p.put(copyB(p), make([]byte, HeaderSize))
-		}, ErrCorrupt, "restore from a backup with eli restore (eli header copy at offset 0 is corrupt (checksum mismatch); no eli header at offset"},
+		}, ErrCorrupt, "no valid eli header copy (eli header copy at offset 0 is corrupt (checksum mismatch); no eli header at offset"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -145,9 +145,9 @@ func choose(p provider.Provider, cs [2]copyRead) (*Header, error) {
 		}
 		return nil, b.err
 	case ka == ErrCorrupt && kb == ErrCorrupt:
-		return nil, newError(ErrCorrupt, "both header copies are corrupt; restore from a backup with eli restore (%v; %v)", a.err, b.err)
+		return nil, newError(ErrCorrupt, "both header copies are corrupt (%v; %v)", a.err, b.err)
 	}
-	return nil, newError(ErrCorrupt, "no valid eli header copy; restore from a backup with eli restore (%v; %v)", a.err, b.err)
+	return nil, newError(ErrCorrupt, "no valid eli header copy (%v; %v)", a.err, b.err)
 }
 
 func stale(old, cur *copyRead) error {

@@ -5,27 +5,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 )
 
-// DefaultInterval is the heartbeat interval. An attach that finds another instance's
-// mark waits 3 intervals (its own or the mark's, whichever is longer) before deciding.
+// DefaultInterval is the heartbeat interval (Options.Interval). An attach that finds
+// another instance's mark waits 3 intervals (its own or the mark's, whichever is
+// longer) before deciding.
 const DefaultInterval = 2 * time.Second
-
-// IntervalEnv, for tests only, sets the heartbeat interval (a Go duration, 10ms to
-// MaxInterval), so that tests of takeovers do not wait seconds.
-const IntervalEnv = "ELI_TEST_OWNER_INTERVAL"
-
-// Interval is the heartbeat interval this process uses.
-func Interval() time.Duration {
-	if v := os.Getenv(IntervalEnv); v != "" {
-		if d, err := time.ParseDuration(v); err == nil && d >= 10*time.Millisecond && d <= MaxInterval {
-			return d
-		}
-	}
-	return DefaultInterval
-}
 
 // HeldError: another instance heartbeats the volume (or wrote its mark since, which
 // now does not decode: Unreadable says how).
@@ -77,7 +63,7 @@ func (s *Store) Claim(o ClaimOptions) error {
 		wait := 3 * max(iv, first.Interval)
 		switch {
 		case o.Force:
-			notify(fmt.Sprintf("%s: taking it over from %s (--force); that server stops writing at its next heartbeat", s.name, who))
+			notify(fmt.Sprintf("%s: taking it over from %s; that server stops writing at its next heartbeat", s.name, who))
 		default:
 			notify(fmt.Sprintf("%s is marked as attached by %s: waiting %v to see whether its heartbeat moves", s.name, who, wait))
 			time.Sleep(wait)

@@ -137,7 +137,6 @@ func TestMarkIOBounded(t *testing.T) {
 // TestProbe: a read-only user is refused a volume whose owner heartbeats, and let
 // through one whose owner is gone or that nobody holds; it writes no mark.
 func TestProbe(t *testing.T) {
-	t.Setenv(IntervalEnv, "50ms")
 	path := newExport(t)
 	ro := fileStore(t, path)
 	if err := ro.Probe(ClaimOptions{}); err != nil {

@@ -87,7 +87,8 @@ type Options struct {
 	// go unanswered before its connection is replaced, and how long a call may be held
 	// while the storage is away.
 	RequestTimeout, QueueTimeout time.Duration
-	// Interval is the heartbeat's (default Interval()).
+	// Interval is the heartbeat's (DefaultInterval when 0). Tests shorten it, so that
+	// takeovers do not wait seconds.
 	Interval time.Duration
 }
 
@@ -101,7 +102,7 @@ func Open(uri string, o *Options) (*Store, error) {
 	}
 	s := &Store{logf: o.Logf, interval: o.Interval, markIO: o.RequestTimeout}
 	if s.interval <= 0 {
-		s.interval = Interval()
+		s.interval = DefaultInterval
 	}
 	if s.markIO <= 0 {
 		s.markIO = DefaultRequestTimeout
@@ -143,9 +144,9 @@ func Open(uri string, o *Options) (*Store, error) {
 }
 
 // newStore wraps any raw storage (tests).
-func newStore(r raw, name string) *Store {
+func newStore(r raw, name string, interval time.Duration) *Store {
 	return &Store{raw: r, name: name, caps: provider.Capabilities{Shared: true, Punch: true, AtomicWrite: 4096},
-		interval: Interval(), markIO: DefaultRequestTimeout}
+		interval: interval, markIO: DefaultRequestTimeout}
 }
 
 // identLen is how much of the export's start identity looks at: an eli header's magic,

@@ -11,15 +11,16 @@ import (
 	"github.com/elidisk/eli/provider"
 )
 
-// fileStore is a Store over a temporary file standing in for an export. Stores made by
-// one test over the same path act as two hosts.
+// fileStore is a Store over a temporary file standing in for an export, with a short
+// heartbeat so that claims do not wait seconds. Stores made by one test over the same
+// path act as two hosts.
 func fileStore(t *testing.T, path string) *Store {
 	t.Helper()
 	p, err := provider.Open(path, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newStore(p, path)
+	return newStore(p, path, 50*time.Millisecond)
 }
 
 func newExport(t *testing.T) string {
@@ -67,7 +68,6 @@ func TestMarkRoundTrip(t *testing.T) {
 
 // The ownership block is the Store's: writes from above skip it, reads see zeroes.
 func TestMarkHidden(t *testing.T) {
-	t.Setenv(IntervalEnv, "50ms")
 	path := newExport(t)
 	s := fileStore(t, path)
 	defer s.Close()
@@ -97,7 +97,6 @@ func TestMarkHidden(t *testing.T) {
 }
 
 func TestClaim(t *testing.T) {
-	t.Setenv(IntervalEnv, "50ms")
 	path := newExport(t)
 
 	a := fileStore(t, path)
@@ -163,7 +162,6 @@ func TestClaim(t *testing.T) {
 }
 
 func TestAdopt(t *testing.T) {
-	t.Setenv(IntervalEnv, "50ms")
 	path := newExport(t)
 	a := fileStore(t, path)
 	if err := a.Claim(ClaimOptions{}); err != nil {

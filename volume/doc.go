@@ -1,8 +1,7 @@
 // Package volume runs an attached eli volume: it opens an unlocked provider as a Volume,
 // which is what the NBD server serves, and runs the Server that serves it on a unix
 // socket, on TCP with TLS, and through the kernel's NBD device, until it is shut down.
-// The state directory (StateDir) holds what other processes need to find, stop and
-// watch a running server: its record, its name lock, its status and its log.
+// Who may use a provider is decided by the Handle OpenProvider returns.
 //
 // The eli command is flags and messages around this package:
 //
@@ -12,7 +11,8 @@
 //	err = srv.Wait(ctx)
 //	err = srv.Shutdown(ctx)               // the final commit's outcome
 //
-// or all of it, with the state directory kept up to date, in Run.
+// or the first three at once in Start. eli's background server, its state directory and
+// its control socket are package internal/daemon's.
 //
 // Volume is also the one place where nbd and blockdev meet: it translates nbd's request
 // flags to blockdev's by name, and a read that fails in one sector (blockdev.SectorError)

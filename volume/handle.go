@@ -90,7 +90,7 @@ type Handle struct {
 	access Access
 	file   *provider.File // a local provider
 	rem    *remote.Store  // a remote one
-	id     *IDLock        // nil where the provider holds no readable header
+	id     *idLock        // nil where the provider holds no readable header
 	hdr    *keys.Header
 	hdrErr error
 	closed bool
@@ -213,7 +213,7 @@ func (h *Handle) openRemote(opts *ProviderOptions) error {
 		if h.hdrErr == nil {
 			// Held by a server of this host, which the claim now fences: go on
 			// without, as the mark keeps the two apart.
-			h.id, _ = LockID(h.hdr.VolumeID)
+			h.id, _ = lockVolumeID(h.hdr.VolumeID)
 		}
 		return nil
 	}
@@ -227,9 +227,9 @@ func (h *Handle) lockID(opts *ProviderOptions) error {
 		return nil
 	}
 	id := h.hdr.VolumeID
-	take := LockID
+	take := lockVolumeID
 	if h.access == ReadOnly {
-		take = LockIDShared
+		take = lockVolumeIDShared
 	}
 	return waitLock(opts.LockWait, func() (bool, error) {
 		l, err := take(id)
@@ -379,7 +379,7 @@ func AdoptProvider(path string, access Access, in Inherited, id [16]byte, opts *
 	}
 	h := &Handle{path: path, access: access}
 	if in.IDLock != nil {
-		h.id = IDLockFromFile(in.IDLock, id)
+		h.id = adoptIDLock(in.IDLock, id)
 	}
 	var err error
 	if remote.IsURI(path) {

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// IDLock is a host-wide hold on a volume ID: exclusive for every process that writes
+// idLock is a host-wide hold on a volume ID: exclusive for every process that writes
 // the volume, shared for those that serve it read-only, and kept by a server for as long
 // as it runs.
 //
@@ -36,7 +36,7 @@ import (
 // command that is still at work on it (which may finish or fail: OpenProvider waits).
 // Its reach ends at the network namespace: processes in other namespaces (containers)
 // do not see each other's locks.
-type IDLock struct {
+type idLock struct {
 	id      [16]byte
 	f       *os.File // bound to the writer's or a reader's name
 	serving *os.File // bound to the serving name, once MarkServing
@@ -109,9 +109,9 @@ func bound(name string) bool {
 	return unix.Connect(fd, &unix.SockaddrUnix{Name: "@" + name}) != unix.ECONNREFUSED
 }
 
-// LockID takes the exclusive host-wide lock on a volume ID, for a writer; it fails at
+// lockVolumeID takes the exclusive host-wide lock on a volume ID, for a writer; it fails at
 // once with an *IDHeldError if a writer or a reader holds it.
-func LockID(id [16]byte) (*IDLock, error) {
+func lockVolumeID(id [16]byte) (*idLock, error) {
 	f, ok, err := bind(idLockName(id))
 	if err != nil {
 		return nil, err
@@ -125,13 +125,13 @@ func LockID(id [16]byte) (*IDLock, error) {
 			return nil, held(id, name, true)
 		}
 	}
-	return &IDLock{id: id, f: f}, nil
+	return &idLock{id: id, f: f}, nil
 }
 
-// LockIDShared takes a shared hold on a volume ID, for a reader: any number of readers
+// lockVolumeIDShared takes a shared hold on a volume ID, for a reader: any number of readers
 // (up to maxReaders) share it, and it fails at once with an *IDHeldError while a writer
 // holds the ID.
-func LockIDShared(id [16]byte) (*IDLock, error) {
+func lockVolumeIDShared(id [16]byte) (*idLock, error) {
 	var f *os.File
 	for k := 0; f == nil; k++ {
 		if k == maxReaders {
@@ -149,7 +149,7 @@ func LockIDShared(id [16]byte) (*IDLock, error) {
 		f.Close()
 		return nil, held(id, idLockName(id), false)
 	}
-	return &IDLock{id: id, f: f, shared: true}, nil
+	return &idLock{id: id, f: f, shared: true}, nil
 }
 
 // held describes who holds name, a lock of id.
@@ -161,7 +161,7 @@ func held(id [16]byte, name string, readOnly bool) *IDHeldError {
 
 // MarkServing says that the holder is a server that is ready: contenders are refused at
 // once rather than waiting for it to finish (a reader's hold says so by itself).
-func (l *IDLock) MarkServing() error {
+func (l *idLock) MarkServing() error {
 	if l == nil || l.shared || l.serving != nil {
 		return nil
 	}
@@ -176,26 +176,26 @@ func (l *IDLock) MarkServing() error {
 }
 
 // Shared reports whether this is a reader's hold.
-func (l *IDLock) Shared() bool { return l.shared }
+func (l *idLock) Shared() bool { return l.shared }
 
-// IDLockFromFile adopts a lock inherited from the process that took it (the background
+// adoptIDLock adopts a lock inherited from the process that took it (the background
 // server's); it returns nil if f is not such a lock.
-func IDLockFromFile(f *os.File, id [16]byte) *IDLock {
+func adoptIDLock(f *os.File, id [16]byte) *idLock {
 	sa, err := unix.Getsockname(int(f.Fd()))
 	u, ok := sa.(*unix.SockaddrUnix)
 	if err != nil || !ok || !strings.HasPrefix(u.Name, "@"+idLockName(id)) {
 		f.Close()
 		return nil
 	}
-	return &IDLock{id: id, f: f, shared: u.Name != "@"+idLockName(id)}
+	return &idLock{id: id, f: f, shared: u.Name != "@"+idLockName(id)}
 }
 
 // File is the lock's socket, for a child process to inherit.
-func (l *IDLock) File() *os.File { return l.f }
+func (l *idLock) File() *os.File { return l.f }
 
 // Close lets go of this process's hold; the ID is free once no process holds the
 // socket.
-func (l *IDLock) Close() {
+func (l *idLock) Close() {
 	if l == nil {
 		return
 	}

@@ -13,11 +13,11 @@ func TestIDLock(t *testing.T) {
 	var a, b [16]byte
 	rand.Read(a[:])
 	rand.Read(b[:])
-	l, err := LockID(a)
+	l, err := lockVolumeID(a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = LockID(a)
+	_, err = lockVolumeID(a)
 	if !errors.Is(err, ErrIDLocked) {
 		t.Fatalf("second lock of one ID: %v, want ErrIDLocked", err)
 	}
@@ -26,7 +26,7 @@ func TestIDLock(t *testing.T) {
 	if !errors.As(err, &held) || held.PID != os.Getpid() {
 		t.Fatalf("second lock of one ID: %v; want it to name pid %d", err, os.Getpid())
 	}
-	lb, err := LockID(b)
+	lb, err := lockVolumeID(b)
 	if err != nil {
 		t.Fatalf("lock of another ID: %v", err)
 	}
@@ -34,16 +34,16 @@ func TestIDLock(t *testing.T) {
 
 	// A descriptor handed on (as to the background server) is the lock: it holds while
 	// any copy of it is open.
-	adopted := IDLockFromFile(os.NewFile(uintptr(dup(t, l.File())), "inherited"), a)
+	adopted := adoptIDLock(os.NewFile(uintptr(dup(t, l.File())), "inherited"), a)
 	if adopted == nil {
-		t.Fatal("IDLockFromFile does not recognize a lock")
+		t.Fatal("adoptIDLock does not recognize a lock")
 	}
 	l.Close()
-	if _, err := LockID(a); !errors.Is(err, ErrIDLocked) {
+	if _, err := lockVolumeID(a); !errors.Is(err, ErrIDLocked) {
 		t.Fatalf("lock while an inherited copy is open: %v, want ErrIDLocked", err)
 	}
 	adopted.Close()
-	again, err := LockID(a)
+	again, err := lockVolumeID(a)
 	if err != nil {
 		t.Fatalf("lock after every holder closed: %v", err)
 	}
@@ -53,8 +53,8 @@ func TestIDLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if IDLockFromFile(f, a) != nil {
-		t.Fatal("IDLockFromFile takes /dev/null for a lock")
+	if adoptIDLock(f, a) != nil {
+		t.Fatal("adoptIDLock takes /dev/null for a lock")
 	}
 }
 
@@ -78,52 +78,52 @@ func dup(t *testing.T, f *os.File) int {
 func TestIDLockShared(t *testing.T) {
 	var id [16]byte
 	rand.Read(id[:])
-	r1, err := LockIDShared(id)
+	r1, err := lockVolumeIDShared(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := LockIDShared(id)
+	r2, err := lockVolumeIDShared(id)
 	if err != nil {
 		t.Fatalf("a second reader: %v", err)
 	}
 	var held *IDHeldError
-	if _, err := LockID(id); !errors.As(err, &held) || !held.ReadOnly || !held.Serving {
+	if _, err := lockVolumeID(id); !errors.As(err, &held) || !held.ReadOnly || !held.Serving {
 		t.Fatalf("a writer beside readers: %v, want an IDHeldError naming read-only holders", err)
 	}
 	r1.Close()
 	r2.Close()
-	w, err := LockID(id)
+	w, err := lockVolumeID(id)
 	if err != nil {
 		t.Fatalf("a writer once the readers are gone: %v", err)
 	}
-	if _, err := LockIDShared(id); !errors.As(err, &held) || held.ReadOnly || held.Serving {
+	if _, err := lockVolumeIDShared(id); !errors.As(err, &held) || held.ReadOnly || held.Serving {
 		t.Fatalf("a reader beside a writer at work: %v, want an IDHeldError, not serving", err)
 	}
 	if err := w.MarkServing(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LockID(id); !errors.As(err, &held) || !held.Serving {
+	if _, err := lockVolumeID(id); !errors.As(err, &held) || !held.Serving {
 		t.Fatalf("a writer beside a server: %v, want it named as serving", err)
 	}
 	// An inherited reader's hold stays a reader's.
-	r3, err := LockIDShared(id)
+	r3, err := lockVolumeIDShared(id)
 	if err == nil {
 		t.Fatal("a reader beside a writer")
 	}
 	w.Close()
-	if r3, err = LockIDShared(id); err != nil {
+	if r3, err = lockVolumeIDShared(id); err != nil {
 		t.Fatal(err)
 	}
-	adopted := IDLockFromFile(os.NewFile(uintptr(dup(t, r3.File())), "inherited"), id)
+	adopted := adoptIDLock(os.NewFile(uintptr(dup(t, r3.File())), "inherited"), id)
 	r3.Close()
 	if adopted == nil || !adopted.Shared() {
 		t.Fatalf("adopted reader's hold: %+v", adopted)
 	}
-	if _, err := LockID(id); err == nil {
+	if _, err := lockVolumeID(id); err == nil {
 		t.Fatal("a writer beside an inherited reader")
 	}
 	adopted.Close()
-	if w, err = LockID(id); err != nil {
+	if w, err = lockVolumeID(id); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()

@@ -3,7 +3,6 @@ package volume
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 )
 
@@ -25,7 +24,7 @@ func TestKeepIfBusy(t *testing.T) {
 		inUse = func(i int) (string, error) { asked = append(asked, i); return tc.why, tc.err }
 		var calls []int
 		srv := kernelTestServer(t, &calls)
-		keepIfBusy(srv, slog.New(slog.DiscardHandler))
+		srv.KeepDeviceIfBusy()
 		if err := srv.Shutdown(context.Background()); err != nil {
 			t.Fatal(err)
 		}

@@ -3,7 +3,6 @@ package volume
 import (
 	"context"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,15 +12,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbd"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/nbdkernel"
+	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/sector"
 )
 
-// Config is everything a server needs besides the provider, the name lock and the master
-// key. The background server receives it as JSON from `eli attach`; it holds no secret.
+// Config is everything a server needs besides the provider and the master key. It holds
+// no secret, and encodes as JSON (eli's background server receives it so).
 type Config struct {
 	Name        string `json:"name"`
 	Provider    string `json:"provider"`
@@ -40,7 +41,6 @@ type Config struct {
 	Witness        string `json:"witness,omitempty"`
 	AcceptRollback bool   `json:"accept_rollback,omitempty"`
 	CacheBytes     int64  `json:"cache_bytes,omitempty"`
-	LogFile        string `json:"log_file,omitempty"`
 
 	// Onetime volumes have no header: the mode and sector size come from here, and the
 	// provider is formatted by the server before it is served.
@@ -49,27 +49,19 @@ type Config struct {
 	SectorSize int         `json:"sector_size,omitempty"`
 	VolumeID   [16]byte    `json:"volume_id"`
 
-	// Owner is the instance ID of the ownership mark attach took on a remote provider,
-	// which the server adopts and heartbeats (package remote); empty for local ones.
-	Owner string `json:"owner,omitempty"`
-
-	// KeepBusyDevice: when Run stops, a kernel device still in use (a file system that
-	// could not be unmounted) is left connected as KeepDevice leaves it, for a new server
-	// to re-plug, instead of being pulled from under its users. 'eli attach
-	// --foreground' sets it: a supervisor's stop or restart is not 'eli detach', which
-	// refuses a device in use before it asks the server to stop.
-	KeepBusyDevice bool `json:"keep_busy_device,omitempty"`
-	// RemoteRequestTimeout and RemoteQueueTimeout are a remote provider's
-	// remote.Options (0: their defaults; a negative queue timeout holds requests
-	// without end, nbdclient.Forever).
+	// RemoteRequestTimeout, RemoteQueueTimeout and RemoteInterval are a remote
+	// provider's remote.Options (0: their defaults; a negative queue timeout holds
+	// requests without end, nbdclient.Forever).
 	RemoteRequestTimeout time.Duration `json:"remote_request_timeout,omitempty"`
 	RemoteQueueTimeout   time.Duration `json:"remote_queue_timeout,omitempty"`
+	RemoteInterval       time.Duration `json:"remote_interval,omitempty"`
 }
 
 // RemoteOptions are the options a remote provider is reached with; logf hears of lost
 // connections.
 func (cfg *Config) RemoteOptions(logf func(string, ...any)) remote.Options {
-	return remote.Options{Logf: logf, RequestTimeout: cfg.RemoteRequestTimeout, QueueTimeout: cfg.RemoteQueueTimeout}
+	return remote.Options{Logf: logf, RequestTimeout: cfg.RemoteRequestTimeout, QueueTimeout: cfg.RemoteQueueTimeout,
+		Interval: cfg.RemoteInterval}
 }
 
 // kernelTimeout is the request timeout of the kernel device: 30 s, or for a remote
@@ -121,7 +113,6 @@ type Server struct {
 	tcpAddr   string // the TCP listener's address, if any
 	errc      chan error
 	devIndex  int
-	rec       *Record
 	closed    bool  // Shutdown closed the volume
 	closeErr  error // and this is what Close said
 	// keepDevice: Shutdown leaves the kernel device connected (and hands its requests
@@ -134,6 +125,28 @@ type Server struct {
 // server in (a restart or an upgrade without unmounting). Every write is still committed
 // and flushed before Shutdown returns.
 func (s *Server) KeepDevice() { s.keepDevice.Store(true) }
+
+// Start listens, opens the volume on the unlocked provider p, and serves it: the export
+// is ready for clients when it returns. mk is wiped once the volume is open; Shutdown
+// stops the server and closes the volume.
+func Start(cfg *Config, p provider.Provider, mk *keys.MasterKey, log *slog.Logger) (*Server, error) {
+	srv, err := Listen(cfg, log)
+	if err != nil {
+		mk.Wipe()
+		return nil, err
+	}
+	v, err := Open(p, mk, cfg.Options(log))
+	mk.Wipe() // the codec and the device hold what they need
+	if err != nil {
+		srv.closeListeners()
+		return nil, err
+	}
+	if err := srv.Start(v); err != nil {
+		v.Close()
+		return nil, err
+	}
+	return srv, nil
+}
 
 // Listen binds the server's sockets. It comes before the volume is opened: a socket or
 // port that cannot be used must fail the attach before anything touches the provider.
@@ -204,21 +217,18 @@ func (s *Server) Start(v *Volume) error {
 		s.devIndex = idx
 	}
 
-	dev, ino, _ := FileID(s.cfg.Provider)
-	s.rec = &Record{
-		Name: s.cfg.Name, Provider: s.cfg.Provider, Dev: dev, Ino: ino, Mode: v.Mode().String(), Format: v.Format(),
-		SectorSize: v.SectorSize(), Size: v.Size(), Socket: s.cfg.Socket, Listen: s.tcpAddr, URI: UnixURI(s.cfg.Socket),
-		Device: s.cfg.Device, DeviceIdx: s.devIndex, ReadOnly: s.cfg.ReadOnly, Onetime: s.cfg.Onetime,
-		Pid: os.Getpid(), Log: s.cfg.LogFile, VolumeID: hex.EncodeToString(s.cfg.VolumeID[:]), Warnings: v.Warnings(),
-	}
 	r := v.Recovery()
 	s.log.Info("attached", "name", s.cfg.Name, "provider", s.cfg.Provider, "mode", v.Mode().String(),
 		"size", v.Size(), "socket", s.cfg.Socket, "journal", r.Journal, "recovered_sectors", r.Sectors)
 	return nil
 }
 
-// Record describes the running server, for the state directory.
-func (s *Server) Record() *Record { return s.rec }
+// TCPAddr is the TCP listener's address (its port, when the config asked for any),
+// or "" without one.
+func (s *Server) TCPAddr() string { return s.tcpAddr }
+
+// DeviceIndex is the kernel device's index (N of /dev/nbdN), or -1 without one.
+func (s *Server) DeviceIndex() int { return s.devIndex }
 
 // Volume is the volume being served.
 func (s *Server) Volume() *Volume { return s.vol }
@@ -307,6 +317,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.log.Info("detached", "name", s.cfg.Name)
 	}
 	return err
+}
+
+// inUse is nbdkernel.InUse; tests replace it.
+var inUse = nbdkernel.InUse
+
+// KeepDeviceIfBusy makes the server leave its kernel device connected when it stops
+// (KeepDevice) if the device is in use, or if that cannot be told: for a server that a
+// supervisor stops or restarts, which must not pull a mounted device from under its
+// users.
+func (s *Server) KeepDeviceIfBusy() {
+	if s.devIndex < 0 {
+		return
+	}
+	why, err := inUse(s.devIndex)
+	if err == nil && why == "" {
+		return
+	}
+	if err != nil {
+		why = "cannot tell: " + err.Error()
+	}
+	s.log.Warn("the kernel device is in use: leaving it connected, as 'eli detach --keep-device' does, for a new server to re-plug",
+		"device", s.cfg.Device, "in_use", why, "dead_conn_timeout_s", nbdkernel.DeadConnTimeout)
+	s.KeepDevice()
 }
 
 // disconnect is nbdkernel.Disconnect; tests count its calls.

@@ -54,7 +54,7 @@ func TestErrorOffsetEndToEnd(t *testing.T) {
 			t.Errorf("shutdown: %v", err)
 		}
 	}()
-	uri := srv.Record().URI
+	uri := UnixURI(cfg.Socket)
 
 	run := func(args ...string) string {
 		t.Helper()

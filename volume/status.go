@@ -12,18 +12,18 @@ const (
 	StateServing = "serving" // attached and answering
 	// StateDegraded: serving, but without the protection against rollback its format
 	// promises: the witness cannot be written (Status.Witness says why).
-	StateDegraded  = "degraded"
-	StateFailed    = "failed"    // the provider failed a write or flush (authenticated modes then refuse writes)
-	StateStopping  = "stopping"  // shutting down: draining, the final commit, letting go
-	StateStopped   = "stopped"   // the server has exited (Status.Final says how)
-	StateStarting  = "starting"  // List: the process holds the name but has no record yet
-	StateSuspended = "suspended" // List: the process is stopped (SIGSTOP) and answers nothing
+	StateDegraded = "degraded"
+	StateFailed   = "failed"   // the provider failed a write or flush (authenticated modes then refuse writes)
+	StateStopping = "stopping" // shutting down: draining, the final commit, letting go
+	StateStopped  = "stopped"  // the server has exited (Status.Final says how)
 )
 
 // Status is what the server reports about its volume: `eli status`, the state column of
-// `eli list`, and the final word `eli detach` reports. The server rewrites it in the
-// state directory (NAME.status, see StateDir) when it changes, at most a few times a
-// second, at once when the volume fails, and a last time when it stops.
+// `eli list`, and the final word `eli detach` reports. Volume.Status fills in the
+// volume's state and counters; eli's background server (package internal/daemon) adds
+// its name, pid, final outcome and time, and rewrites it in its state directory when it
+// changes, at most a few times a second, at once when the volume fails, and a last time
+// when it stops.
 type Status struct {
 	Name  string `json:"name"`
 	Pid   int    `json:"pid"`
@@ -68,8 +68,10 @@ type Status struct {
 	Authenticated bool `json:"authenticated"`
 }
 
-// Status is a snapshot of v's counters and state.
+// Status is a snapshot of v's counters and state. A provider fenced since the last
+// write (a remote volume taken over) fails the volume here, without waiting for one.
 func (v *Volume) Status() Status {
+	v.checkFence()
 	st := v.dev.Stats()
 	r := v.dev.Recovery()
 	s := Status{
@@ -134,44 +136,4 @@ const slowRequest = 5 * time.Second
 // Failed reports whether the server stopped, or runs, with its data not all safe.
 func (s *Status) Failed() bool {
 	return s.State == StateFailed || s.Error != "" || (s.Final != "" && s.Final != "ok")
-}
-
-// Problem is one line saying what failed and what state the data is in ("" when nothing
-// failed): the data first, then a witness that does not hold the latest state.
-func (s *Status) Problem() string {
-	if !s.Failed() {
-		if s.Witness != "" {
-			return fmt.Sprintf("%s: the data is safe, but %s", s.Name, s.Witness)
-		}
-		return ""
-	}
-	finalFailed := s.Final != "" && s.Final != "ok"
-	var what string
-	switch {
-	case s.Error != "" && finalFailed && s.Final != s.Error:
-		what = "the provider failed while serving (" + s.Error + "), and the final commit and flush failed too: " + s.Final
-	case s.Error != "" && finalFailed:
-		what = "the provider failed while serving, so the final commit could not be made: " + s.Error
-	case s.Error != "":
-		what = "the provider failed: " + s.Error
-	default:
-		what = "the final commit and flush failed: " + s.Final
-	}
-	flushed := "what was flushed before the failure is safe"
-	if !s.LastFlush.IsZero() {
-		flushed += " (the last flush completed at " + s.LastFlush.Format(time.TimeOnly) + ")"
-	}
-	var data string
-	if s.Authenticated {
-		data = flushed + "; writes since then may be lost, " +
-			"and the next attach rolls the journal forward or back to a consistent volume"
-	} else {
-		data = flushed + "; writes since then may be lost " +
-			"or partly written (this mode has no journal)"
-	}
-	msg := fmt.Sprintf("%s: %s; %s", s.Name, what, data)
-	if s.Witness != "" {
-		msg += "; and " + s.Witness
-	}
-	return msg
 }

@@ -102,9 +102,9 @@ type Fencer interface {
 	Fenced() error
 }
 
-// RemoteMaxBatchBytes bounds the sealed data waiting for a commit over a network
+// remoteMaxBatchBytes bounds the sealed data waiting for a commit over a network
 // provider (blockdev.Config.MaxBatchBytes; the default is 16 MiB for local ones).
-const RemoteMaxBatchBytes = 64 << 20
+const remoteMaxBatchBytes = 64 << 20
 
 // Open builds the codec and the device of an unlocked provider: it verifies the header
 // against mk (or, for Onetime, formats p), and runs the journal's recovery. It does not
@@ -188,7 +188,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		// A network provider: each commit costs several round trips whatever its size,
 		// so larger batches carry more data per round trip (docs/benchmarks.md, "Remote
 		// providers").
-		cfg.MaxBatchBytes = RemoteMaxBatchBytes
+		cfg.MaxBatchBytes = remoteMaxBatchBytes
 	}
 	dev, err := blockdev.Open(p, cfg)
 	if err != nil {
@@ -305,6 +305,9 @@ func (v *Volume) SectorSize() int { return v.dev.SectorSize() }
 
 // Recovery reports what opening the volume found in its journal.
 func (v *Volume) Recovery() blockdev.Recovery { return v.dev.Recovery() }
+
+// Changed is kicked when the volume fails, for a watcher of its Status to look at once.
+func (v *Volume) Changed() <-chan struct{} { return v.changed }
 
 // Err is the provider failure that stopped the volume, or nil.
 func (v *Volume) Err() error {

@@ -53,6 +53,39 @@ func (e *RollbackError) Error() string {
 
 func (e *RollbackError) Unwrap() error { return blockdev.ErrRolledBack }
 
+// WitnessError: the witness file cannot be used to check the volume.
+type WitnessError struct {
+	Path string
+	Kind WitnessErrorKind
+	// VolumeID is the volume a Foreign witness belongs to (hex).
+	VolumeID string
+	Err      error
+}
+
+// WitnessErrorKind says what is wrong with a witness file.
+type WitnessErrorKind int
+
+const (
+	// WitnessUnreadable: the file is there but cannot be read (Err says why).
+	WitnessUnreadable WitnessErrorKind = iota
+	// WitnessDamaged: the file is not a witness, or a damaged one.
+	WitnessDamaged
+	// WitnessForeign: the file is another volume's witness.
+	WitnessForeign
+)
+
+func (e *WitnessError) Error() string {
+	switch e.Kind {
+	case WitnessDamaged:
+		return fmt.Sprintf("witness %s is damaged (%v)", e.Path, e.Err)
+	case WitnessForeign:
+		return fmt.Sprintf("witness %s belongs to volume %s, not this one", e.Path, e.VolumeID)
+	}
+	return fmt.Sprintf("witness %s: %v", e.Path, e.Err)
+}
+
+func (e *WitnessError) Unwrap() error { return e.Err }
+
 // CheckWitness compares what a format version 2 provider's journal says of its
 // generation and root, read without the key (blockdev.PeekFreshness), with its witness,
 // before anything is locked or unlocked: a provider clearly older than the witness, or
@@ -98,27 +131,27 @@ func readWitness(path string, id [16]byte) (*blockdev.Freshness, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("witness %s: %w", path, err)
+		return nil, &WitnessError{Path: path, Kind: WitnessUnreadable, Err: err}
 	}
 	defer f.Close()
 	b := make([]byte, maxWitnessSize+1)
 	n, err := f.Read(b)
 	if err != nil && n == 0 {
-		return nil, fmt.Errorf("witness %s: %w", path, err)
+		return nil, &WitnessError{Path: path, Kind: WitnessUnreadable, Err: err}
 	}
 	if n > maxWitnessSize {
-		return nil, fmt.Errorf("witness %s: larger than %d bytes: not a witness", path, maxWitnessSize)
+		return nil, &WitnessError{Path: path, Kind: WitnessDamaged, Err: fmt.Errorf("larger than %d bytes: not a witness", maxWitnessSize)}
 	}
 	var r witnessRecord
 	if err := json.Unmarshal(b[:n], &r); err != nil {
-		return nil, fmt.Errorf("witness %s is damaged (%v): remove it to trust the provider as it is", path, err)
+		return nil, &WitnessError{Path: path, Kind: WitnessDamaged, Err: err}
 	}
 	if r.VolumeID != hex.EncodeToString(id[:]) {
-		return nil, fmt.Errorf("witness %s belongs to volume %s, not %x: give this volume's with --witness", path, r.VolumeID, id)
+		return nil, &WitnessError{Path: path, Kind: WitnessForeign, VolumeID: r.VolumeID}
 	}
 	root, err := hex.DecodeString(r.Root)
 	if err != nil || len(root) != 32 {
-		return nil, fmt.Errorf("witness %s is damaged (root %q): remove it to trust the provider as it is", path, r.Root)
+		return nil, &WitnessError{Path: path, Kind: WitnessDamaged, Err: fmt.Errorf("root %q", r.Root)}
 	}
 	w := &blockdev.Freshness{Generation: r.Generation}
 	copy(w.Root[:], root)

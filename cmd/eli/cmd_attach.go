@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/nbdkernel"
@@ -149,6 +150,7 @@ func (o *attachOptions) remoteOptions(path string) (remote.Options, error) {
 		return ro, usagef("--io-timeout %v: give 100ms or more", o.ioTimeout)
 	}
 	ro.RequestTimeout = o.ioTimeout
+	ro.Interval = heartbeatInterval()
 	switch q := o.queueTimeout; q {
 	case "":
 		ro.QueueTimeout = defaultQueueTimeout
@@ -183,7 +185,7 @@ func addServeFlags(cmd *cobra.Command, o *attachOptions) {
 
 // serveSetup checks the options shared by attach and onetime and builds the server's
 // config.
-func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Config, error) {
+func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*daemon.Setup, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
@@ -198,9 +200,9 @@ func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Con
 		}
 	}
 	if name == "" {
-		name = volume.DefaultName(abs)
+		name = daemon.DefaultName(abs)
 	}
-	if err := volume.ValidName(name); err != nil {
+	if err := daemon.ValidName(name); err != nil {
 		return nil, usageError{err}
 	}
 	if o.listen != "" && o.tlsCert == "" && !o.insecureTCP {
@@ -241,8 +243,8 @@ func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Con
 	if err != nil {
 		return nil, err
 	}
-	cfg := &volume.Config{
-		RemoteRequestTimeout: ro.RequestTimeout, RemoteQueueTimeout: ro.QueueTimeout,
+	cfg := &daemon.Setup{Config: volume.Config{
+		RemoteRequestTimeout: ro.RequestTimeout, RemoteQueueTimeout: ro.QueueTimeout, RemoteInterval: ro.Interval,
 		Name: name, Provider: abs, Socket: socket, Listen: o.listen,
 		TLSCert: absOrEmpty(o.tlsCert), TLSKey: absOrEmpty(o.tlsKey), TLSClientCA: absOrEmpty(o.tlsClientCA),
 		InsecureTCP: o.insecureTCP, ReadOnly: o.readOnly, Device: o.device, Connections: o.connections,
@@ -250,7 +252,7 @@ func (o *attachOptions) serveSetup(sd volume.StateDir, path string) (*volume.Con
 		// The kernel device re-plugs after a server crash (attach --device again): only
 		// writes committed before they were acknowledged survive that.
 		WriteThrough: o.device != "" && !o.writeBack,
-	}
+	}}
 	if o.writeBack && o.device == "" {
 		return nil, usagef("--write-back goes with --device (other clients get write-back anyway)")
 	}
@@ -269,7 +271,7 @@ func absOrEmpty(p string) string {
 }
 
 func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path string) error {
-	sd, err := volume.ResolveStateDir(g.stateDir)
+	sd, err := daemon.ResolveStateDir(g.stateDir)
 	if err != nil {
 		return err
 	}
@@ -287,8 +289,8 @@ func runAttach(cmd *cobra.Command, g *globalOptions, o *attachOptions, path stri
 
 // attachment is a reserved name and an unlocked provider, ready to be served.
 type attachment struct {
-	cfg  *volume.Config
-	lock *volume.NameLock
+	cfg  *daemon.Setup
+	lock *daemon.NameLock
 	h    *volume.Handle
 	mk   *keys.MasterKey
 }
@@ -307,7 +309,7 @@ func (o *attachOptions) access() volume.Access {
 // prepareAttach unlocks the provider, then reserves the name and takes the provider's
 // locks: the KDF and the checks against the witness hold nothing that another attach of
 // the volume could be waiting for.
-func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachment, error) {
+func prepareAttach(sd daemon.StateDir, o *attachOptions, path string) (*attachment, error) {
 	if o.slot != keys.AnySlot && (o.slot < 0 || o.slot >= keys.NumSlots) {
 		return nil, usagef("--slot must be 0 to %d", keys.NumSlots-1)
 	}
@@ -372,7 +374,7 @@ func prepareAttach(sd volume.StateDir, o *attachOptions, path string) (*attachme
 // attachable refuses, before the passphrase is asked for, what the locks would refuse
 // after it: the volume served already (through any path: its ID), or the name taken by
 // another volume's server.
-func attachable(sd volume.StateDir, o *attachOptions, name, path string, hdr *keys.Header) error {
+func attachable(sd daemon.StateDir, o *attachOptions, name, path string, hdr *keys.Header) error {
 	if rec := sd.Serving(hdr.VolumeID); rec != nil && !o.force && !(o.readOnly && rec.ReadOnly) {
 		how := "open for writing"
 		if rec.ReadOnly {
@@ -391,7 +393,7 @@ func attachable(sd volume.StateDir, o *attachOptions, name, path string, hdr *ke
 
 // lockName reserves a name, waiting a moment for an attach of it that has not finished,
 // and clears what an earlier server of that name left.
-func lockName(sd volume.StateDir, name string) (*volume.NameLock, error) {
+func lockName(sd daemon.StateDir, name string) (*daemon.NameLock, error) {
 	lock, err := sd.LockNameWait(name, 0)
 	if err != nil {
 		return nil, err
@@ -410,7 +412,7 @@ func (a *attachment) release() {
 // serve serves in this process (--foreground) or starts the background server and waits
 // until it reports that the export is ready. Either way the provider and the name are
 // free again when it returns, unless a background server holds them.
-func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bool) error {
+func (a *attachment) serve(cmd *cobra.Command, sd daemon.StateDir, foreground bool) error {
 	if foreground {
 		defer a.release()
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -422,7 +424,7 @@ func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bo
 		svc := newService(ctx, a.cfg, log)
 		defer svc.stopped()
 		ready := false
-		err := volume.Run(ctx, a.cfg, sd, a.h.Provider(), a.mk, log, func(rec *volume.Record) {
+		err := daemon.Run(ctx, a.cfg, sd, a.h.Provider(), a.mk, log, func(rec *daemon.Record) {
 			ready = true
 			a.h.MarkServing()
 			printReady(cmd.OutOrStdout(), rec, a.cfg)
@@ -456,9 +458,9 @@ func (a *attachment) serve(cmd *cobra.Command, sd volume.StateDir, foreground bo
 
 // finalError is the one line that says how a server's final commit failed, from the
 // status it left, or err itself if it left none.
-func finalError(sd volume.StateDir, name string, err error) error {
+func finalError(sd daemon.StateDir, name string, err error) error {
 	if st, serr := sd.ReadStatus(name); serr == nil && st.Pid == os.Getpid() {
-		if msg := st.Problem(); msg != "" {
+		if msg := problem(st); msg != "" {
 			return errors.New(msg)
 		}
 	}
@@ -467,7 +469,7 @@ func finalError(sd volume.StateDir, name string, err error) error {
 
 // printReady says where the export is; the last line is its unix URI, for scripts. What
 // the server found wrong that does not stop it goes to stderr.
-func printReady(out io.Writer, rec *volume.Record, cfg *volume.Config) {
+func printReady(out io.Writer, rec *daemon.Record, cfg *daemon.Setup) {
 	for _, w := range rec.Warnings {
 		warnf("%s: %s", rec.Name, w)
 	}
@@ -488,15 +490,15 @@ func printReady(out io.Writer, rec *volume.Record, cfg *volume.Config) {
 const (
 	fdProvider = 3 // the provider, opened and flock'ed by attach
 	fdNameLock = 4 // the state directory's NAME.lock, flock'ed by attach
-	fdSetup    = 5 // read end of a pipe: volume.WriteSetup
-	fdReady    = 6 // write end of a pipe: volume.WriteReady once ready (or failed)
-	fdIDLock   = 7 // the volume's host-wide ID lock (volume.IDLock) taken by attach, or /dev/null
+	fdSetup    = 5 // read end of a pipe: daemon.WriteSetup
+	fdReady    = 6 // write end of a pipe: daemon.WriteReady once ready (or failed)
+	fdIDLock   = 7 // the volume's host-wide ID lock (volume.OpenProvider) taken by attach, or /dev/null
 )
 
 // spawnServer re-executes eli as the background server. The master key goes through a
 // pipe, never argv or the environment; the provider, the name lock and the volume's ID
 // lock are inherited already locked, so no other attach can slip in between.
-func spawnServer(sd volume.StateDir, cfg *volume.Config, in volume.Inherited, lock *volume.NameLock, mk *keys.MasterKey) (*volume.Record, error) {
+func spawnServer(sd daemon.StateDir, cfg *daemon.Setup, in volume.Inherited, lock *daemon.NameLock, mk *keys.MasterKey) (*daemon.Record, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -546,14 +548,14 @@ func spawnServer(sd volume.StateDir, cfg *volume.Config, in volume.Inherited, lo
 	readyW.Close()
 	setupR.Close()
 
-	werr := volume.WriteSetup(setupW, cfg, mk)
+	werr := daemon.WriteSetup(setupW, cfg, mk)
 	setupW.Close()
 	if werr != nil {
 		child.Process.Kill()
 		child.Wait()
 		return nil, fmt.Errorf("hand the key to the server: %w", werr)
 	}
-	rec, err := volume.ReadReady(readyR)
+	rec, err := daemon.ReadReady(readyR)
 	if err == nil {
 		// The child is the server and outlives us: release it, not wait for it.
 		child.Process.Release()
@@ -562,7 +564,7 @@ func spawnServer(sd volume.StateDir, cfg *volume.Config, in volume.Inherited, lo
 	// A child that failed exits at once; waiting for it means that its locks, which it
 	// may not have reached the point of closing in order, are gone when attach returns.
 	child.Wait()
-	if errors.Is(err, volume.ErrNoReady) {
+	if errors.Is(err, daemon.ErrNoReady) {
 		return nil, fmt.Errorf("%w%s", err, logTail(cfg.LogFile))
 	}
 	return nil, err
@@ -613,23 +615,23 @@ func runBackgroundServer(g *globalOptions) error {
 		lockf.Close()
 		err = explain(err)
 		log.Error("attach failed", "err", err)
-		volume.WriteReady(readyW, nil, err)
+		daemon.WriteReady(readyW, nil, err)
 		return err
 	}
 	if err := keys.ForbidCoreDumps(); err != nil {
 		log.Warn("core dumps stay possible", "err", err)
 	}
-	cfg, mk, err := volume.ReadSetup(os.NewFile(fdSetup, "setup"))
+	cfg, mk, err := daemon.ReadSetup(os.NewFile(fdSetup, "setup"))
 	if err != nil {
 		return fail(err)
 	}
-	sd, err := volume.ResolveStateDir(g.stateDir)
+	sd, err := daemon.ResolveStateDir(g.stateDir)
 	if err != nil {
 		mk.Wipe()
 		return fail(err)
 	}
 	if cfg.LogFile != "" {
-		log = slog.New(slog.NewTextHandler(volume.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
+		log = slog.New(slog.NewTextHandler(daemon.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
 	}
 	nameLock := sd.NameLockFromFile(lockf, cfg.Name) // names this process as the holder
 	access := volume.ReadWrite
@@ -651,12 +653,12 @@ func runBackgroundServer(g *globalOptions) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	ready := false
-	err = volume.Run(ctx, cfg, sd, h.Provider(), mk, log, func(rec *volume.Record) {
+	err = daemon.Run(ctx, cfg, sd, h.Provider(), mk, log, func(rec *daemon.Record) {
 		ready = true
 		if err := h.MarkServing(); err != nil {
 			log.Warn("volume lock: cannot say the volume is served", "err", err)
 		}
-		volume.WriteReady(readyW, rec, nil)
+		daemon.WriteReady(readyW, rec, nil)
 	})
 	if !ready {
 		return fail(err)

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/sector"
@@ -68,7 +69,7 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 	if err := os.WriteFile(pass, []byte(hex.EncodeToString(secret)+"\n"), 0o600); err != nil {
 		return err
 	}
-	sd := volume.StateDir{Path: filepath.Join(dir, "state")}
+	sd := daemon.StateDir{Path: filepath.Join(dir, "state")}
 
 	// init, with a small KDF so that the demo is quick (real volumes calibrate ~1 s).
 	step("eli init --size %s --cipher %s %s", formatSize(size), cipher, img)
@@ -90,12 +91,12 @@ func runDemo(out io.Writer, dir string, size int64, cipher string, keep bool) er
 			return err
 		}
 		defer a.release()
-		srv, err := volume.Start(a.cfg, a.h.Provider(), a.mk, slog.New(slog.DiscardHandler))
+		srv, err := volume.Start(&a.cfg.Config, a.h.Provider(), a.mk, slog.New(slog.DiscardHandler))
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "    serving %s\n", srv.Record().URI)
-		c, err := nbdclient.Dial("unix", srv.Record().Socket, "")
+		fmt.Fprintf(out, "    serving %s\n", volume.UnixURI(a.cfg.Socket))
+		c, err := nbdclient.Dial("unix", a.cfg.Socket, "")
 		if err == nil {
 			err = f(c)
 			c.Close()

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
@@ -55,7 +56,7 @@ what was flushed is safe, and the next attach repairs the last commit.`,
 			return attachedNames(g), cobra.ShellCompDirectiveNoFileComp
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sd, err := volume.ResolveStateDir(g.stateDir)
+			sd, err := daemon.ResolveStateDir(g.stateDir)
 			if err != nil {
 				return err
 			}
@@ -76,7 +77,7 @@ what was flushed is safe, and the next attach repairs the last commit.`,
 }
 
 func attachedNames(g *globalOptions) []string {
-	sd, err := volume.ResolveStateDir(g.stateDir)
+	sd, err := daemon.ResolveStateDir(g.stateDir)
 	if err != nil {
 		return nil
 	}
@@ -95,7 +96,7 @@ const stopMargin = 10 * time.Second
 
 // detach stops the server of rec and reports its final status. The server disconnects
 // the kernel device itself, as the first step of its shutdown.
-func detach(sd volume.StateDir, rec *volume.Record, force bool, timeout time.Duration) error {
+func detach(sd daemon.StateDir, rec *daemon.Record, force bool, timeout time.Duration) error {
 	// The server disconnects the kernel device as it stops; refuse before asking it to,
 	// while the device is still in use.
 	if rec.Device != "" && !force {
@@ -114,7 +115,7 @@ func detach(sd volume.StateDir, rec *volume.Record, force bool, timeout time.Dur
 	if err != nil {
 		return err
 	}
-	suspended := processState(sd, rec.Name) == volume.StateSuspended
+	suspended := processState(sd, rec.Name) == daemon.StateSuspended
 	switch {
 	case suspended && !force:
 		return fmt.Errorf("server for %s (pid %d) is suspended (stopped by a signal) and answers nothing: 'kill -CONT %d' resumes it, 'eli detach --force %s' kills it",
@@ -165,7 +166,7 @@ func detach(sd volume.StateDir, rec *volume.Record, force bool, timeout time.Dur
 // process of the volume left; it reports whether it is.
 func waitExit(pid int) bool {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if !volume.ProcessRuns(pid) {
+		if !daemon.ProcessRuns(pid) {
 			return true
 		}
 		if time.Now().After(deadline) {
@@ -175,7 +176,7 @@ func waitExit(pid int) bool {
 }
 
 // processState is what list would say the server of name is doing.
-func processState(sd volume.StateDir, name string) string {
+func processState(sd daemon.StateDir, name string) string {
 	ents, _ := sd.List()
 	for _, e := range ents {
 		if e.Name == name {
@@ -186,7 +187,7 @@ func processState(sd volume.StateDir, name string) string {
 }
 
 // detachKeepDevice asks the server to stop without disconnecting its kernel device.
-func detachKeepDevice(sd volume.StateDir, rec *volume.Record, timeout time.Duration) error {
+func detachKeepDevice(sd daemon.StateDir, rec *daemon.Record, timeout time.Duration) error {
 	if rec.Device == "" {
 		return usagef("--keep-device: %s has no kernel device (attach --device)", rec.Name)
 	}
@@ -201,7 +202,7 @@ func detachKeepDevice(sd volume.StateDir, rec *volume.Record, timeout time.Durat
 
 // finalStatus reads what the stopped server of rec left: nothing after a clean stop, its
 // final status after a failure.
-func finalStatus(sd volume.StateDir, rec *volume.Record) error {
+func finalStatus(sd daemon.StateDir, rec *daemon.Record) error {
 	st, err := sd.ReadStatus(rec.Name)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -220,7 +221,7 @@ func finalStatus(sd volume.StateDir, rec *volume.Record) error {
 		return fmt.Errorf("%s: the server exited without reporting its final commit; what was flushed is safe, "+
 			"and the next attach recovers the journal%s", rec.Name, where)
 	}
-	if msg := st.Problem(); msg != "" {
+	if msg := problem(st); msg != "" {
 		return errors.New(msg + where)
 	}
 	return nil

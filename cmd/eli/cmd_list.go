@@ -7,13 +7,13 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/elidisk/eli/volume"
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/spf13/cobra"
 )
 
 // listEntry is one line of `eli list`: the server's record and its volume's state.
 type listEntry struct {
-	*volume.Record
+	*daemon.Record
 	State   string `json:"state"`
 	Error   string `json:"error,omitempty"`
 	Storage string `json:"storage,omitempty"`
@@ -42,7 +42,7 @@ Records left by servers that were killed are cleaned up on the way.`,
 		Example: "  eli list\n  eli list --json",
 		Args:    exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sd, err := volume.ResolveStateDir(g.stateDir)
+			sd, err := daemon.ResolveStateDir(g.stateDir)
 			if err != nil {
 				return err
 			}
@@ -54,7 +54,7 @@ Records left by servers that were killed are cleaned up on the way.`,
 			for _, f := range found {
 				e := listEntry{Record: f.Record, State: f.State}
 				if e.Record == nil {
-					e.Record = &volume.Record{Name: f.Name, Pid: f.Pid}
+					e.Record = &daemon.Record{Name: f.Name, Pid: f.Pid}
 				}
 				if f.Status != nil {
 					e.Error, e.Storage, e.Witness = f.Status.Error, f.Status.Storage, f.Status.Witness

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/sector"
 	"github.com/elidisk/eli/volume"
@@ -32,7 +33,7 @@ eli volume is refused unless --force is given.`,
 			if !sector.ValidSectorSize(sectorSize) {
 				return usagef("--sector-size %d: need a power of two from %d to %d", sectorSize, sector.MinSectorSize, sector.MaxSectorSize)
 			}
-			sd, err := volume.ResolveStateDir(g.stateDir)
+			sd, err := daemon.ResolveStateDir(g.stateDir)
 			if err != nil {
 				return err
 			}

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
@@ -39,14 +40,14 @@ the line on stderr says which.`,
 			return attachedNames(g), cobra.ShellCompDirectiveNoFileComp
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sd, err := volume.ResolveStateDir(g.stateDir)
+			sd, err := daemon.ResolveStateDir(g.stateDir)
 			if err != nil {
 				return err
 			}
 			name := args[0]
 			if rec, err := sd.Find(findArg(name)); err == nil {
 				name = rec.Name
-			} else if volume.ValidName(name) != nil {
+			} else if daemon.ValidName(name) != nil {
 				return err
 			}
 			st, err := sd.ReadStatus(name)
@@ -61,7 +62,7 @@ the line on stderr says which.`,
 				st.State = volume.StateStopped
 				st.Final = "not made: the server was killed or crashed"
 				killed = true
-			} else if ps := processState(sd, name); ps == volume.StateSuspended {
+			} else if ps := processState(sd, name); ps == daemon.StateSuspended {
 				st.State = ps
 			}
 			out := cmd.OutOrStdout()
@@ -120,7 +121,7 @@ the line on stderr says which.`,
 // statusExit is status's exit: nil while the volume serves as it should, otherwise the
 // one line that says what is wrong (exit 1).
 func statusExit(st *volume.Status, killed bool) error {
-	msg := st.Problem()
+	msg := problem(st)
 	switch {
 	case msg != "":
 	case killed:
@@ -130,7 +131,7 @@ func statusExit(st *volume.Status, killed bool) error {
 		}
 		msg = st.Name + ": the server was killed or crashed before its final commit: " + what +
 			", writes acknowledged since may be lost, and the next attach rolls the journal forward or back"
-	case st.State == volume.StateSuspended:
+	case st.State == daemon.StateSuspended:
 		msg = fmt.Sprintf("%s: the server (pid %d) is suspended (stopped by a signal) and answers nothing: 'kill -CONT %d' resumes it",
 			st.Name, st.Pid, st.Pid)
 	default:

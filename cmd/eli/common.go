@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/volume"
@@ -40,6 +39,9 @@ func openProvider(path string, a volume.Access, o *volume.ProviderOptions) (*vol
 	if o.Notify == nil {
 		o.Notify = func(m string) { warnf("%s", m) }
 	}
+	if o.Remote.Interval == 0 {
+		o.Remote.Interval = heartbeatInterval()
+	}
 	return volume.OpenProvider(path, a, o)
 }
 
@@ -62,8 +64,7 @@ func headerWarning(hdr *keys.Header) string {
 func readHeaderQuiet(p *volume.Handle) (*keys.Header, error) {
 	h, err := p.Header()
 	if err != nil {
-		// keys' message already points to eli restore where both copies are damaged.
-		if errors.Is(err, keys.ErrCorrupt) && !strings.Contains(err.Error(), "eli restore") {
+		if errors.Is(err, keys.ErrCorrupt) {
 			return nil, fmt.Errorf("%s: %w; if you have a backup: eli restore BACKUP %s", p.Path(), err, p.Path())
 		}
 		return nil, fmt.Errorf("%s: %w", p.Path(), err)

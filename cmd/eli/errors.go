@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/remote"
 	"github.com/elidisk/eli/volume"
@@ -22,8 +23,9 @@ func explain(err error) error {
 		readOnly *volume.ReadOnlyError
 		busy     *provider.BusyError
 		over     *volume.OverwriteError
-		nameHeld *volume.NameHeldError
+		nameHeld *daemon.NameHeldError
 		rollback *volume.RollbackError
+		witness  *volume.WitnessError
 	)
 	switch {
 	case err == nil:
@@ -67,6 +69,10 @@ func explain(err error) error {
 	case errors.Is(err, blockdev.ErrFreshness):
 		return fmt.Errorf("%w: the provider was changed while it was detached (tampering, or an image restored in part); "+
 			"restore a backup of the whole provider, or attach the copy you trust", err)
+	case errors.As(err, &witness) && witness.Kind == volume.WitnessDamaged:
+		return fmt.Errorf("%w: remove it to trust the provider as it is", err)
+	case errors.As(err, &witness) && witness.Kind == volume.WitnessForeign:
+		return fmt.Errorf("%w: give this volume's with --witness", err)
 	case errors.As(err, &rollback):
 		if rollback.Fork {
 			return fmt.Errorf("%w; attach the copy you trust with --accept-rollback", err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/elidisk/eli/internal/control"
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/volume"
 )
@@ -21,7 +22,7 @@ func TestFailedAttachFreesName(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	img := e.initVolume("f.img", "16M")
-	sd := volume.StateDir{Path: e.State}
+	sd := daemon.StateDir{Path: e.State}
 	for i := 0; i < 5; i++ {
 		e.FailsCode(1, "listen", "attach", "--passphrase-file", e.Pass, "--socket", "/proc/eli-cannot-be-here.sock", img)
 		l, err := sd.LockName("f.img")
@@ -79,8 +80,8 @@ func TestStatusAndCleanDetach(t *testing.T) {
 	}
 	// The background server answers its control socket.
 	var live volume.Status
-	sd := volume.StateDir{Path: e.State}
-	if err := control.Call(context.Background(), sd.ControlSocket("st.img"), volume.OpStatus, nil, nil, &live); err != nil ||
+	sd := daemon.StateDir{Path: e.State}
+	if err := control.Call(context.Background(), sd.ControlSocket("st.img"), daemon.OpStatus, nil, nil, &live); err != nil ||
 		live.Pid != st.Pid || live.State != "serving" || live.Writes != st.Writes || live.Reads != st.Reads {
 		t.Errorf("status through the control socket: %+v, %v; the status file says %+v", live, err, st)
 	}

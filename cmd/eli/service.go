@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/elidisk/eli/elidev"
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/sdnotify"
-	"github.com/elidisk/eli/volume"
 )
 
 // deviceAuto is --device's value that lets eli pick the device.
@@ -22,7 +22,7 @@ const nameWait = 10 * time.Second
 // pickDevice resolves --device auto for a: the device that waits for this volume (after
 // a restart or a crash), or a free one. release lets go of the claim on it once the
 // device is connected. On failure it lets go of a as well.
-func (a *attachment) pickDevice(sd volume.StateDir) (release func(), err error) {
+func (a *attachment) pickDevice(sd daemon.StateDir) (release func(), err error) {
 	if a.cfg.Device != deviceAuto {
 		return func() {}, nil
 	}
@@ -38,15 +38,15 @@ func (a *attachment) pickDevice(sd volume.StateDir) (release func(), err error) 
 
 // service is what 'eli attach --foreground' does for a supervisor (systemd's
 // Type=notify services): say when the volume serves and when it stops, name its kernel
-// device, and keep a device in use connected when stopped (volume.Config.KeepBusyDevice).
+// device, and keep a device in use connected when stopped (daemon.Setup.KeepBusyDevice).
 type service struct {
-	cfg   *volume.Config
+	cfg   *daemon.Setup
 	log   *slog.Logger
 	named *elidev.Named
 }
 
 // newService prepares cfg's server for supervision; ctx ends when it is asked to stop.
-func newService(ctx context.Context, cfg *volume.Config, log *slog.Logger) *service {
+func newService(ctx context.Context, cfg *daemon.Setup, log *slog.Logger) *service {
 	cfg.KeepBusyDevice = true
 	go func() {
 		<-ctx.Done()
@@ -56,7 +56,7 @@ func newService(ctx context.Context, cfg *volume.Config, log *slog.Logger) *serv
 }
 
 // ready runs once the export serves: it names the kernel device, then tells systemd.
-func (s *service) ready(rec *volume.Record) {
+func (s *service) ready(rec *daemon.Record) {
 	status := "serving " + rec.URI
 	if rec.Device != "" {
 		n, err := elidev.System.Name(s.cfg.Name, rec.DeviceIdx, nbdkernel.BackendID(s.cfg.VolumeID[:]), nameWait)

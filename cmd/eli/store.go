@@ -3,10 +3,12 @@ package main
 import (
 	"fmt"
 	"net"
+	"os"
+	"time"
 
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/remote"
-	"github.com/elidisk/eli/volume"
 )
 
 // providerName is how a PROVIDER argument is recorded and shown: a remote URI in its
@@ -18,13 +20,29 @@ func providerName(path string) (string, error) {
 	return path, nil
 }
 
-// findArg is what volume.StateDir.Find looks for: a remote URI in the spelling the
+// findArg is what daemon.StateDir.Find looks for: a remote URI in the spelling the
 // record holds.
 func findArg(arg string) string {
 	if n, err := providerName(arg); err == nil {
 		return n
 	}
 	return arg
+}
+
+// ownerIntervalEnv, for tests only, shortens a remote volume's ownership heartbeat (a
+// Go duration, 10ms to remote.MaxInterval), so that tests of takeovers do not wait
+// seconds.
+const ownerIntervalEnv = "ELI_TEST_OWNER_INTERVAL"
+
+// heartbeatInterval is remote.Options.Interval: the default (0), unless
+// ownerIntervalEnv says otherwise.
+func heartbeatInterval() time.Duration {
+	if v := os.Getenv(ownerIntervalEnv); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d >= 10*time.Millisecond && d <= remote.MaxInterval {
+			return d
+		}
+	}
+	return 0
 }
 
 func noRemoteSize(path string) error {
@@ -39,11 +57,11 @@ func remoteName(uri string) string {
 		return "remote"
 	}
 	if t.Export != "" {
-		return volume.DefaultName(t.Export)
+		return daemon.DefaultName(t.Export)
 	}
 	if t.Network == "tcp" {
 		host, _, _ := net.SplitHostPort(t.Address)
-		return volume.DefaultName(host)
+		return daemon.DefaultName(host)
 	}
-	return volume.DefaultName(t.Address)
+	return daemon.DefaultName(t.Address)
 }

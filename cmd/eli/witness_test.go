@@ -125,8 +125,8 @@ func TestWitnessDamagedOrForeign(t *testing.T) {
 		name, want string
 		content    []byte
 	}{
-		{"damaged", "damaged", []byte("{not json")},
-		{"another volume", "belongs to volume", edit("volume_id", strings.Repeat("ab", 16))},
+		{"damaged", "is damaged (invalid character 'n' looking for beginning of object key string): remove it to trust the provider as it is", []byte("{not json")},
+		{"another volume", "belongs to volume " + strings.Repeat("ab", 16) + ", not this one: give this volume's with --witness", edit("volume_id", strings.Repeat("ab", 16))},
 		{"a fork", "another root", edit("root", strings.Repeat("01", 32))},
 	} {
 		if err := os.WriteFile(wpath, tc.content, 0o600); err != nil {

@@ -1,4 +1,4 @@
-package volume
+package daemon
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	"io"
 
 	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/volume"
 )
 
 // The background server is a child process that inherits the locked provider and name
@@ -15,12 +16,30 @@ import (
 // master key never passes through argv or the environment, and says when it is ready, or
 // why it failed, on a ready pipe (WriteReady, ReadReady).
 
+// Setup is what the background server is started with: its volume.Config and what
+// only eli's own server needs. Like the Config it holds no secret; WriteSetup sends it
+// as one JSON object, the Config's fields and these side by side.
+type Setup struct {
+	volume.Config
+	// LogFile is the server's log, NAME.log in the state directory.
+	LogFile string `json:"log_file,omitempty"`
+	// Owner is the instance ID of the ownership mark attach took on a remote provider,
+	// which the server adopts and heartbeats (package remote); empty for local ones.
+	Owner string `json:"owner,omitempty"`
+	// KeepBusyDevice: when Run stops, a kernel device still in use (a file system that
+	// could not be unmounted) is left connected (volume.Server.KeepDeviceIfBusy), for a
+	// new server to re-plug, instead of being pulled from under its users. 'eli attach
+	// --foreground' sets it: a supervisor's stop or restart is not 'eli detach', which
+	// refuses a device in use before it asks the server to stop.
+	KeepBusyDevice bool `json:"keep_busy_device,omitempty"`
+}
+
 // maxSetup bounds the config a child accepts; a real one is well under 1 KiB.
 const maxSetup = 64 << 10
 
-// WriteSetup sends cfg and the master key: a big-endian u32 length, the config as JSON,
+// WriteSetup sends cfg and the master key: a big-endian u32 length, the setup as JSON,
 // then the key's bytes.
-func WriteSetup(w io.Writer, cfg *Config, mk *keys.MasterKey) error {
+func WriteSetup(w io.Writer, cfg *Setup, mk *keys.MasterKey) error {
 	conf, err := json.Marshal(cfg)
 	if err != nil {
 		return err
@@ -37,7 +56,7 @@ func WriteSetup(w io.Writer, cfg *Config, mk *keys.MasterKey) error {
 }
 
 // ReadSetup reads what WriteSetup sent and closes r.
-func ReadSetup(r io.ReadCloser) (*Config, *keys.MasterKey, error) {
+func ReadSetup(r io.ReadCloser) (*Setup, *keys.MasterKey, error) {
 	defer r.Close()
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
@@ -51,7 +70,7 @@ func ReadSetup(r io.ReadCloser) (*Config, *keys.MasterKey, error) {
 	if _, err := io.ReadFull(r, conf); err != nil {
 		return nil, nil, fmt.Errorf("read setup: %w", err)
 	}
-	cfg := &Config{}
+	cfg := &Setup{}
 	if err := json.Unmarshal(conf, cfg); err != nil {
 		return nil, nil, fmt.Errorf("read setup: %w", err)
 	}

@@ -1,4 +1,4 @@
-package volume
+package daemon
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 // Operations a running server answers on its control socket (control.Call).
 const (
-	// OpStatus answers the server's Status as it is now (the status file lags it by up
+	// OpStatus answers the server's volume.Status as it is now (the status file lags it by up
 	// to statusEvery). No arguments.
 	OpStatus = "status"
 )

@@ -1,4 +1,4 @@
-package volume
+package daemon
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,7 +17,39 @@ import (
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
+	"github.com/elidisk/eli/volume"
 )
+
+// shortDir is a directory whose path leaves room for a socket's name.
+func shortDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// failingProvider fails every write and sync once armed, as a full disk does.
+type failingProvider struct {
+	*provider.File
+	armed atomic.Bool
+}
+
+func (f *failingProvider) WriteAt(b []byte, off int64) (int, error) {
+	if f.armed.Load() {
+		return 0, syscall.ENOSPC
+	}
+	return f.File.WriteAt(b, off)
+}
+
+func (f *failingProvider) Sync() error {
+	if f.armed.Load() {
+		return syscall.ENOSPC
+	}
+	return f.File.Sync()
+}
 
 func generateKey(t *testing.T) *keys.MasterKey {
 	t.Helper()
@@ -36,8 +70,12 @@ func TestRunLifecycle(t *testing.T) {
 		name := map[bool]string{false: "clean", true: "failed"}[fail]
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			path, _, mk := testVolume(t, t.TempDir(), 8<<20, sector.Default)
-			defer mk.Wipe()
+			// A onetime volume: Run formats it, and it needs no header.
+			path := filepath.Join(t.TempDir(), "v.img")
+			if err := os.WriteFile(path, make([]byte, 8<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			mk := generateKey(t)
 			pf, err := provider.Open(path, false)
 			if err != nil {
 				t.Fatal(err)
@@ -53,12 +91,13 @@ func TestRunLifecycle(t *testing.T) {
 			if err := os.WriteFile(sd.File(name, ".log"), []byte("log\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			cfg := &Config{Name: name, Provider: path, Socket: sd.File(name, ".sock"), LogFile: sd.File(name, ".log")}
+			cfg := &Setup{Config: volume.Config{Name: name, Provider: path, Socket: sd.File(name, ".sock"),
+				Onetime: true, Mode: sector.Default, SectorSize: 4096, VolumeID: mk.VolumeID()}, LogFile: sd.File(name, ".log")}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			ready := make(chan *Record, 1)
 			done := make(chan error, 1)
-			go func() { done <- Run(ctx, cfg, sd, p, copyKey(t, mk), nil, func(r *Record) { ready <- r }) }()
+			go func() { done <- Run(ctx, cfg, sd, p, mk, nil, func(r *Record) { ready <- r }) }()
 			var rec *Record
 			select {
 			case rec = <-ready:
@@ -68,13 +107,13 @@ func TestRunLifecycle(t *testing.T) {
 			if got, err := sd.ReadRecord(name); err != nil || got.Pid != os.Getpid() || got.URI != rec.URI {
 				t.Fatalf("record: %+v, %v", got, err)
 			}
-			if st, err := sd.ReadStatus(name); err != nil || st.State != StateServing || st.Name != name {
+			if st, err := sd.ReadStatus(name); err != nil || st.State != volume.StateServing || st.Name != name {
 				t.Fatalf("status once ready: %+v, %v", st, err)
 			}
 			// The control socket answers once the server is ready.
-			var live Status
+			var live volume.Status
 			if err := control.Call(ctx, sd.ControlSocket(name), OpStatus, nil, nil, &live); err != nil ||
-				live.State != StateServing || live.Name != name || live.Pid != os.Getpid() {
+				live.State != volume.StateServing || live.Name != name || live.Pid != os.Getpid() {
 				t.Fatalf("status through the control socket: %+v, %v", live, err)
 			}
 
@@ -101,9 +140,9 @@ func TestRunLifecycle(t *testing.T) {
 				}
 			}
 			// The status follows: at once for a failure, within statusEvery for counters.
-			want := StateServing
+			want := volume.StateServing
 			if fail {
-				want = StateFailed
+				want = volume.StateFailed
 			}
 			deadline := time.Now().Add(time.Minute) // a hang guard, not a timing assertion
 			for {
@@ -147,10 +186,9 @@ func TestRunLifecycle(t *testing.T) {
 			if serr != nil || lerr != nil {
 				t.Fatalf("a failed server must keep its status (%v) and log (%v)", serr, lerr)
 			}
-			msg := st.Problem()
-			if st.State != StateStopped || !st.Failed() || !strings.Contains(msg, "no space left") ||
-				!strings.Contains(msg, "journal") || strings.Contains(msg, "\n") {
-				t.Errorf("final status %+v; problem %q", st, msg)
+			if st.State != volume.StateStopped || !st.Failed() || !strings.Contains(st.Error, "no space left") ||
+				!strings.Contains(st.Final, "no space left") || !st.Authenticated {
+				t.Errorf("final status %+v; want the failure, as error and final commit, of a volume with a journal", st)
 			}
 			// The next attach of the name clears them.
 			sd.Cleanup(name, nil, true)
@@ -177,7 +215,7 @@ func TestRunListenFailureTouchesNothing(t *testing.T) {
 	}
 	defer p.Close()
 	mk := generateKey(t)
-	cfg := &Config{Name: "x", Provider: path, Socket: "/proc/eli-cannot-be-here.sock", Onetime: true, Mode: sector.Default, SectorSize: 4096, VolumeID: mk.VolumeID()}
+	cfg := &Setup{Config: volume.Config{Name: "x", Provider: path, Socket: "/proc/eli-cannot-be-here.sock", Onetime: true, Mode: sector.Default, SectorSize: 4096, VolumeID: mk.VolumeID()}}
 	sd := StateDir{Path: shortDir(t)}
 	err = Run(context.Background(), cfg, sd, p, mk, nil, func(*Record) { t.Error("ready called") })
 	if err == nil || !strings.Contains(err.Error(), "listen") {

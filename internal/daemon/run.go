@@ -1,4 +1,4 @@
-package volume
+package daemon
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 
 	"github.com/elidisk/eli/internal/control"
 	"github.com/elidisk/eli/keys"
-	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/volume"
 )
 
 // statusEvery is how often the server looks whether its status changed, and so the
@@ -39,12 +39,12 @@ const DefaultStopTimeout = 30 * time.Second
 //
 // The shutdown is bounded: by the deadline StateDir.RequestStop gave (eli detach), or
 // DefaultStopTimeout after ctx ends; a remote provider's requests end by then (see
-// Server.Shutdown). Meanwhile the status says "stopping".
+// volume.Server.Shutdown). Meanwhile the status says "stopping".
 //
 // The caller holds the name's lock and the provider's, and releases them after Run
 // returns (the provider first: see StateDir); the record stays until the name's lock
 // is released, so that a server that still runs is always listed.
-func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk *keys.MasterKey, log *slog.Logger, ready func(*Record)) error {
+func Run(ctx context.Context, cfg *Setup, sd StateDir, p provider.Provider, mk *keys.MasterKey, log *slog.Logger, ready func(*Record)) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -53,12 +53,12 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 		mk.Wipe()
 		return err
 	}
-	srv, err := Start(cfg, p, mk, log)
+	srv, err := volume.Start(&cfg.Config, p, mk, log)
 	if err != nil {
 		ctl.Close()
 		return err
 	}
-	v, rec := srv.Volume(), srv.Record()
+	v, rec := srv.Volume(), newRecord(cfg, srv)
 	if err := sd.WriteRecord(rec); err != nil {
 		ctl.Close()
 		srv.Shutdown(context.Background())
@@ -102,7 +102,7 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 	}
 	werr := srv.Wait(ctx)
 	if cfg.KeepBusyDevice {
-		keepIfBusy(srv, log)
+		srv.KeepDeviceIfBusy()
 	}
 	sw.stopping.Store(true)
 	sw.write()
@@ -125,7 +125,7 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 	// goes with the name's lock (NameLock.Release).
 	removeIfSocket(cfg.Socket)
 	removeIfSocket(sd.File(cfg.Name, ".sock"))
-	if final.Problem() == "" {
+	if !final.Failed() && final.Witness == "" {
 		os.Remove(sd.File(cfg.Name, ".status"))
 		os.Remove(sd.File(cfg.Name, ".log"))
 		os.Remove(sd.File(cfg.Name, ".log.1"))
@@ -133,67 +133,24 @@ func Run(ctx context.Context, cfg *Config, sd StateDir, p provider.Provider, mk 
 	return serr
 }
 
-// inUse is nbdkernel.InUse; tests replace it.
-var inUse = nbdkernel.InUse
-
-// keepIfBusy makes the stopping srv leave its kernel device connected if the device is
-// in use, or if that cannot be told.
-func keepIfBusy(srv *Server, log *slog.Logger) {
-	if srv.devIndex < 0 {
-		return
-	}
-	why, err := inUse(srv.devIndex)
-	if err == nil && why == "" {
-		return
-	}
-	if err != nil {
-		why = "cannot tell: " + err.Error()
-	}
-	log.Warn("the kernel device is in use: leaving it connected, as 'eli detach --keep-device' does, for a new server to re-plug",
-		"device", srv.cfg.Device, "in_use", why, "dead_conn_timeout_s", nbdkernel.DeadConnTimeout)
-	srv.KeepDevice()
-}
-
-// Start listens, opens the volume on the unlocked provider p, and serves it: the export
-// is ready for clients when it returns. mk is wiped once the volume is open; Shutdown
-// stops the server and closes the volume.
-func Start(cfg *Config, p provider.Provider, mk *keys.MasterKey, log *slog.Logger) (*Server, error) {
-	srv, err := Listen(cfg, log)
-	if err != nil {
-		mk.Wipe()
-		return nil, err
-	}
-	v, err := Open(p, mk, cfg.Options(log))
-	mk.Wipe() // the codec and the device hold what they need
-	if err != nil {
-		srv.closeListeners()
-		return nil, err
-	}
-	if err := srv.Start(v); err != nil {
-		v.Close()
-		return nil, err
-	}
-	return srv, nil
-}
-
 // statusWriter keeps NAME.status current.
 type statusWriter struct {
 	sd       StateDir
-	v        *Volume
+	v        *volume.Volume
 	name     string
 	pid      int
 	log      *slog.Logger
 	stopping atomic.Bool
 
 	mu   sync.Mutex // put, from the writer goroutine and from Run
-	last Status
+	last volume.Status
 }
 
-func (w *statusWriter) snapshot() Status {
+func (w *statusWriter) snapshot() volume.Status {
 	st := w.v.Status()
 	st.Name, st.Pid = w.name, w.pid
-	if w.stopping.Load() && st.State != StateFailed {
-		st.State = StateStopping
+	if w.stopping.Load() && st.State != volume.StateFailed {
+		st.State = volume.StateStopping
 	}
 	return st
 }
@@ -203,7 +160,7 @@ func (w *statusWriter) write() {
 	w.put(&st)
 }
 
-func (w *statusWriter) put(st *Status) {
+func (w *statusWriter) put(st *volume.Status) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	cmp := *st
@@ -227,19 +184,18 @@ func (w *statusWriter) run(done <-chan struct{}) {
 		select {
 		case <-done:
 			return
-		case <-w.v.changed:
+		case <-w.v.Changed():
 			w.write()
 		case <-t.C:
-			w.v.checkFence() // a takeover shows as failed without waiting for a write
-			w.write()
+			w.write() // Status notices a takeover without waiting for a write
 		}
 	}
 }
 
 // final writes the status of a stopped server whose Shutdown returned err.
-func (w *statusWriter) final(err error) Status {
+func (w *statusWriter) final(err error) volume.Status {
 	st := w.snapshot()
-	st.State, st.Final = StateStopped, "ok"
+	st.State, st.Final = volume.StateStopped, "ok"
 	if err != nil {
 		st.Final = err.Error()
 	}

@@ -1,4 +1,4 @@
-package volume
+package daemon
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/elidisk/eli/internal/control"
+	"github.com/elidisk/eli/volume"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,7 +34,7 @@ import (
 //	NAME.stop    the deadline `eli detach` gives the server's shutdown
 //	NAME.sock    the default unix socket
 //	NAME.ctl     the control socket: requests to the running server (package control)
-//	NAME.status  the server's Status, rewritten while it runs (see Status)
+//	NAME.status  the server's volume.Status, rewritten while it runs
 //	NAME.log     the server's log when it runs in the background, at most MaxLogBytes,
 //	             with one older part in NAME.log.1
 //
@@ -44,6 +45,12 @@ import (
 // Liveness comes from the lock, never from a pid, so a recycled pid cannot be mistaken for
 // a server, and anything a killed server left behind never blocks the next attach.
 type StateDir struct{ Path string }
+
+// States List gives besides a Status's.
+const (
+	StateStarting  = "starting"  // the process holds the name but has no record yet
+	StateSuspended = "suspended" // the process is stopped (SIGSTOP) and answers nothing
+)
 
 // Record describes one attached volume.
 type Record struct {
@@ -69,6 +76,18 @@ type Record struct {
 	// copy B missing, no witness to check the provider against, a witness that cannot
 	// be written); attach prints them.
 	Warnings []string `json:"warnings,omitempty"`
+}
+
+// newRecord describes the server srv started with cfg.
+func newRecord(cfg *Setup, srv *volume.Server) *Record {
+	v := srv.Volume()
+	dev, ino, _ := FileID(cfg.Provider)
+	return &Record{
+		Name: cfg.Name, Provider: cfg.Provider, Dev: dev, Ino: ino, Mode: v.Mode().String(), Format: v.Format(),
+		SectorSize: v.SectorSize(), Size: v.Size(), Socket: cfg.Socket, Listen: srv.TCPAddr(), URI: volume.UnixURI(cfg.Socket),
+		Device: cfg.Device, DeviceIdx: srv.DeviceIndex(), ReadOnly: cfg.ReadOnly, Onetime: cfg.Onetime,
+		Pid: os.Getpid(), Log: cfg.LogFile, VolumeID: hex.EncodeToString(cfg.VolumeID[:]), Warnings: v.Warnings(),
+	}
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$`)
@@ -201,22 +220,25 @@ func (e *NameHeldError) Error() string {
 func (e *NameHeldError) Unwrap() error { return ErrNameTaken }
 
 // LockNameWait is LockName for an attach: a name whose holder is still starting (no
-// record yet: it may fail) is waited for, up to wait (DefaultLockWait when 0); a name
+// record yet: it may fail) is waited for, up to wait (volume.DefaultLockWait when 0); a name
 // that a server holds, or one still held after the wait, fails with *NameHeldError.
 func (s StateDir) LockNameWait(name string, wait time.Duration) (*NameLock, error) {
-	var l *NameLock
-	err := waitLock(wait, func() (bool, error) {
-		var err error
-		if l, err = s.LockName(name); !errors.Is(err, ErrNameTaken) {
-			return false, err
+	if wait == 0 {
+		wait = volume.DefaultLockWait
+	}
+	for deadline := time.Now().Add(wait); ; time.Sleep(50 * time.Millisecond) {
+		l, err := s.LockName(name)
+		if !errors.Is(err, ErrNameTaken) {
+			return l, err
 		}
 		e := &NameHeldError{Name: name, PID: s.lockPID(name)}
 		if rec, rerr := s.ReadRecord(name); rerr == nil {
 			e.Record = rec
 		}
-		return e.Record == nil, e
-	})
-	return l, err
+		if e.Record != nil || !time.Now().Before(deadline) {
+			return nil, e
+		}
+	}
 }
 
 // NameLockFromFile adopts a lock inherited already locked (the background server's),
@@ -365,7 +387,7 @@ func (s StateDir) ReadRecord(name string) (*Record, error) {
 }
 
 // WriteStatus writes NAME's status.
-func (s StateDir) WriteStatus(st *Status) error { return s.writeJSON(st.Name, ".status", st) }
+func (s StateDir) WriteStatus(st *volume.Status) error { return s.writeJSON(st.Name, ".status", st) }
 
 // liveStatusWait bounds ReadStatus's question to a running server, which a stopped
 // process (SIGSTOP) never answers.
@@ -375,14 +397,14 @@ const liveStatusWait = time.Second
 // control socket (the status file lags a change by up to statusEvery, so a client that
 // just saw a write fail could read "serving" there), or else the one in the status
 // file: a server's that does not answer, or the last one of a server that stopped.
-func (s StateDir) ReadStatus(name string) (*Status, error) {
+func (s StateDir) ReadStatus(name string) (*volume.Status, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), liveStatusWait)
 	defer cancel()
-	var live Status
+	var live volume.Status
 	if err := control.Call(ctx, s.ControlSocket(name), OpStatus, nil, nil, &live); err == nil {
 		return &live, nil
 	}
-	var st Status
+	var st volume.Status
 	if err := s.readJSON(name, ".status", &st); err != nil {
 		return nil, err
 	}
@@ -398,7 +420,7 @@ type Entry struct {
 	// once its export is ready).
 	Record *Record
 	// Status is its last status, nil if it wrote none.
-	Status *Status
+	Status *volume.Status
 	// State is what the server is doing: a Status state (serving, degraded, failed,
 	// stopping), StateStarting before it has a record, or StateSuspended when its
 	// process is stopped (SIGSTOP, a debugger), which answers nothing until resumed.
@@ -455,8 +477,8 @@ func (s StateDir) entry(name string, rec *Record) Entry {
 	switch {
 	case e.Pid != 0 && processStopped(e.Pid):
 		e.State = StateSuspended
-	case e.Status != nil && e.Status.State == StateStopped:
-		e.State = StateStopping // its final status is written; it is letting go
+	case e.Status != nil && e.Status.State == volume.StateStopped:
+		e.State = volume.StateStopping // its final status is written; it is letting go
 	case e.Status != nil:
 		e.State = e.Status.State
 	case rec == nil:
