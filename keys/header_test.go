@@ -345,3 +345,34 @@ func TestDump(t *testing.T) {
 		t.Error("dump shows the master key")
 	}
 }
+
+// TestTornUpdateAfterTornCopy: an update that finds one copy corrupt (an earlier update
+// was torn there) and is torn itself still leaves a valid copy: it writes the corrupt
+// copy first and the valid one only once that is synced.
+func TestTornUpdateAfterTornCopy(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []Copy{CopyA, CopyB} {
+		for _, torn := range []int{0, 1, 2048, 4095} {
+			base, mk := newVolume(t)
+			off := int64(0)
+			if bad == CopyB {
+				off = copyB(base)
+			}
+			raw := base.bytesAt(off, HeaderSize)
+			raw[100] ^= 0xff // the checksum no longer matches
+			base.put(off, raw)
+			if h := mustRead(t, base); h.Copy == bad {
+				t.Fatalf("copy %s was corrupted, yet Read chose it", bad)
+			}
+			c := &crashProvider{memProvider: base, writes: 0, torn: torn}
+			if _, err := SetKey(c, mk, 1, pass("new"), tiny); !errors.Is(err, errCrashed) {
+				t.Fatalf("SetKey = %v, want the simulated crash", err)
+			}
+			if _, err := Read(base); err != nil {
+				t.Errorf("copy %s corrupt, update torn at %d bytes: %v", bad, torn, err)
+				continue
+			}
+			mustUnlock(t, base, pass("pw0"), 0, mk)
+		}
+	}
+}

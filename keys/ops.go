@@ -71,14 +71,16 @@ func update(p provider.Provider, change func(h *Header, raw *[HeaderSize]byte) e
 	return writeBoth(p, h, &raw, h.Sequence)
 }
 
-// writeBoth writes raw, an edit of h, as both copies (A first) with the sequence after
-// the given ones, then zeroes a copy B that a grown provider left behind.
+// writeBoth writes raw, an edit of h, as both copies with the sequence after the given
+// ones, then zeroes a copy B that a grown provider left behind. The copy h was read from
+// is written last: when the other one is corrupt (a crash tore it in an earlier update),
+// writing h's copy first would leave no valid copy if this write were torn too.
 func writeBoth(p provider.Provider, h *Header, raw *[HeaderSize]byte, after ...uint64) error {
 	seq, err := nextSequence(after...)
 	if err != nil {
 		return err
 	}
-	if err := finish(p, raw, seq, aThenB); err != nil {
+	if err := finish(p, raw, seq, lastOf(h.Copy)); err != nil {
 		return err
 	}
 	return wipeStrayCopy(p, h.ProviderSize, h.rawVolumeID())
@@ -229,6 +231,9 @@ func Restore(p provider.Provider, backup []byte, force bool) error {
 		return newError(ErrSizeMismatch, "the backup was written when the provider had %d bytes; it has %d now", hb.ProviderSize, p.Size())
 	}
 	raw := hb.raw
+	if cur, err := choose(p, cs); err == nil {
+		hb.Copy = cur.Copy // the copy to keep until the other is down
+	}
 	return writeBoth(p, hb, &raw, seqs...)
 }
 

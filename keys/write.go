@@ -14,9 +14,18 @@ import (
 type writeOrder int
 
 const (
-	aThenB writeOrder = iota // every update
-	bThenA                   // resize: copy B moves, the old copy A stays good until B is down
+	aThenB writeOrder = iota // copy B is the valid one to keep, or neither is
+	bThenA                   // copy A is the valid one to keep (resize: copy B moves, the old copy A stays good until B is down)
 )
+
+// lastOf is the order that writes copy c last, so that it stays good until the other
+// copy is written and synced.
+func lastOf(c Copy) writeOrder {
+	if c == CopyA {
+		return bThenA
+	}
+	return aThenB
+}
 
 // writeCopies writes raw (sequence and checksum already set) as both header copies of p.
 func writeCopies(p provider.Provider, raw *[HeaderSize]byte, order writeOrder) error {
