@@ -97,6 +97,9 @@ type Server struct {
 	// part-way is dropped when its next MiB falls due, not when the whole would. (For a
 	// reply, the deadline covers the whole write and is refreshed only when less than
 	// half of IOTimeout is left, so a reply gets between IOTimeout/2 and IOTimeout.)
+	// It bounds the client alone: a backend call may take as long as it takes (a
+	// suspended volume holds requests until it resumes), and the time it takes, also
+	// between the pieces of a streamed request, is not counted against the client.
 	IOTimeout time.Duration
 
 	// minRate overrides minTransferRate, and drainTime shutdownDrain, for tests.
