@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -208,4 +209,30 @@ func (h host) requestTimeout(idx int) (time.Duration, error) {
 		return 0, fmt.Errorf("/dev/nbd%d: io_timeout %q: %w", idx, s, err)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// InFlight is the number of requests of /dev/nbd<idx> that the block layer has issued and
+// not completed (sysfs inflight: reads and writes). A server that raised the timeouts
+// waits for it to be 0 once before it holds requests: every request started before the
+// raise has then been answered.
+func InFlight(idx int) (int, error) { return realHost.inFlight(idx) }
+
+func (h host) inFlight(idx int) (int, error) {
+	s, err := h.readAttr(idx, "inflight")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(s)
+	if len(f) != 2 {
+		return 0, fmt.Errorf("/dev/nbd%d: inflight %q: want reads and writes", idx, s)
+	}
+	n := 0
+	for _, v := range f {
+		k, err := strconv.ParseUint(v, 10, 31)
+		if err != nil {
+			return 0, fmt.Errorf("/dev/nbd%d: inflight %q: %w", idx, s, err)
+		}
+		n += int(k)
+	}
+	return n, nil
 }

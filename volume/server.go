@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -127,6 +128,10 @@ type Server struct {
 	// keepDevice: Shutdown leaves the kernel device connected (and hands its requests
 	// over unanswered), so that the next attach re-plugs it while it stays mounted.
 	keepDevice atomic.Bool
+	// kdev keeps the kernel device's sockets, whose send timeout a suspend raises
+	// (suspend.go); susMu orders Suspend and Resume.
+	kdev  *nbdkernel.Device
+	susMu sync.Mutex
 }
 
 // KeepDevice makes Shutdown leave the kernel device connected: the kernel holds its I/O
@@ -231,7 +236,7 @@ func (s *Server) connectKernel() (int, error) {
 		return -1, err
 	}
 	n := max(s.cfg.Connections, 1)
-	var files []*os.File
+	var files []*os.File // the kernel's ends, closed once the kernel and kdev have theirs
 	defer func() {
 		for _, f := range files {
 			f.Close()
@@ -251,14 +256,19 @@ func (s *Server) connectKernel() (int, error) {
 		}
 		files = append(files, f)
 	}
+	backend := nbdkernel.BackendID(s.cfg.VolumeID[:])
 	idx, replugged, err := nbdkernel.Attach(nbdkernel.Config{
 		Index: idx, Size: uint64(s.vol.Size()), BlockSize: uint64(s.vol.SectorSize()),
 		ServerFlags: flags, TimeoutSeconds: s.cfg.kernelTimeout(), Sockets: files,
 		DeadConnTimeoutSeconds: nbdkernel.DeadConnTimeout,
-		Backend:                nbdkernel.BackendID(s.cfg.VolumeID[:]),
+		Backend:                backend,
 	})
 	if err != nil {
 		return -1, err
+	}
+	// The sockets' send timeout can be changed only through them: a suspend raises it.
+	if s.kdev, err = nbdkernel.NewDevice(idx, backend, files); err != nil {
+		s.log.Warn("keep the kernel device's sockets: a suspend will be refused", "device", s.cfg.Device, "err", err)
 	}
 	if replugged {
 		s.log.Info("re-plugged the live kernel device", "device", s.cfg.Device)
@@ -290,14 +300,37 @@ func (s *Server) Wait(ctx context.Context) error {
 // server acknowledged is on the provider. Connections still busy when ctx ends (30 s at
 // most) are closed. A provider that can bound its I/O (a remote one, Deadliner) ends
 // every request by ctx's deadline, so that Shutdown ends whatever the storage does.
+//
+// A suspended volume's requests are held and cannot be served without its keys, and
+// every write it acknowledged is on the provider already. They are failed with
+// ESHUTDOWN (they were never acknowledged), or, when the kernel device is kept for the
+// next server (KeepDevice), left unanswered: the kernel sends them again to the server
+// that re-plugs it.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if d, ok := ctx.Deadline(); ok && s.vol != nil && s.vol.deadliner != nil {
 		s.vol.deadliner.SetDeadline(d)
+	}
+	if s.vol != nil && !s.closed {
+		if ok, _ := s.vol.Suspended(); ok {
+			if s.keepDevice.Load() {
+				// Cut the connections before the held requests fail: their replies
+				// then never reach the kernel.
+				cut, cancel := context.WithCancel(ctx)
+				cancel()
+				s.stopServing(cut)
+			}
+			s.closeVolume()
+		}
 	}
 	s.stopServing(ctx)
 	if s.vol == nil || s.closed {
 		return s.closeErr
 	}
+	return s.closeVolume()
+}
+
+// closeVolume closes the volume once and logs its final status.
+func (s *Server) closeVolume() error {
 	s.closed = true
 	err := s.vol.Close()
 	s.closeErr = err
@@ -323,6 +356,10 @@ func (s *Server) stopServing(ctx context.Context) {
 		}
 	}
 	s.devIndex = -1
+	if s.kdev != nil {
+		s.kdev.Close()
+		s.kdev = nil
+	}
 	s.closeListeners()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

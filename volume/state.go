@@ -400,8 +400,9 @@ type Entry struct {
 	// Status is its last status, nil if it wrote none.
 	Status *Status
 	// State is what the server is doing: a Status state (serving, degraded, failed,
-	// stopping), StateStarting before it has a record, or StateSuspended when its
-	// process is stopped (SIGSTOP, a debugger), which answers nothing until resumed.
+	// suspended, stopping), StateStarting before it has a record, or StateFrozen when
+	// its process is stopped (SIGSTOP, a debugger), which answers nothing until it is
+	// continued.
 	State string
 }
 
@@ -454,7 +455,7 @@ func (s StateDir) entry(name string, rec *Record) Entry {
 	}
 	switch {
 	case e.Pid != 0 && processStopped(e.Pid):
-		e.State = StateSuspended
+		e.State = StateFrozen
 	case e.Status != nil && e.Status.State == StateStopped:
 		e.State = StateStopping // its final status is written; it is letting go
 	case e.Status != nil:

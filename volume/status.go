@@ -17,7 +17,8 @@ const (
 	StateStopping  = "stopping"  // shutting down: draining, the final commit, letting go
 	StateStopped   = "stopped"   // the server has exited (Status.Final says how)
 	StateStarting  = "starting"  // List: the process holds the name but has no record yet
-	StateSuspended = "suspended" // List: the process is stopped (SIGSTOP) and answers nothing
+	StateSuspended = "suspended" // eli suspend: the keys are wiped and requests wait for eli resume
+	StateFrozen    = "frozen"    // List: the process is stopped (SIGSTOP, a debugger) and answers nothing
 )
 
 // Status is what the server reports about its volume: `eli status`, the state column of
@@ -43,6 +44,10 @@ type Status struct {
 	Storage string `json:"storage,omitempty"`
 	// LastFlush is when the last flush the server acknowledged completed.
 	LastFlush time.Time `json:"last_flush,omitzero"`
+	// SuspendedSince is when the volume was suspended (State "suspended"), and Held
+	// how many requests wait for its resume.
+	SuspendedSince time.Time `json:"suspended_since,omitzero"`
+	Held           int       `json:"held,omitempty"`
 
 	Reads        uint64 `json:"reads"`
 	Writes       uint64 `json:"writes"`
@@ -96,6 +101,9 @@ func (v *Volume) Status() Status {
 	}
 	if v.health != nil {
 		s.Storage = describeHealth(v.health())
+	}
+	if ok, since := v.dev.Suspended(); ok {
+		s.State, s.SuspendedSince, s.Held = StateSuspended, since, v.dev.Held()
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
