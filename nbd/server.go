@@ -110,6 +110,11 @@ type Server struct {
 	// gatherBound overrides the constant of that name (reply.go), for tests.
 	gatherBound time.Duration
 
+	// OnClients, if set, is told the number of connections in the transmission phase
+	// (clients that chose an export) each time it changes, in order. It is called with
+	// the server's lock held: it must return quickly and not call the Server.
+	OnClients func(n int)
+
 	initOnce sync.Once
 	initErr  error
 	table    *exportTable
@@ -122,6 +127,7 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	evicting  int // evicted connections not yet gone
+	clients   int // connections in transmission (OnClients)
 	active    sync.WaitGroup
 }
 
@@ -334,6 +340,10 @@ func (s *Server) enterTransmission(c *conn) bool {
 		return false
 	}
 	c.inTransmission = true
+	s.clients++
+	if s.OnClients != nil {
+		s.OnClients(s.clients)
+	}
 	return true
 }
 
@@ -342,6 +352,12 @@ func (s *Server) forget(c *conn) {
 	delete(s.conns, c)
 	if c.evicted {
 		s.evicting--
+	}
+	if c.inTransmission {
+		s.clients--
+		if s.OnClients != nil {
+			s.OnClients(s.clients)
+		}
 	}
 	s.mu.Unlock()
 	s.active.Done()

@@ -37,6 +37,10 @@ type Config struct {
 	Connections int    `json:"connections,omitempty"`
 	// WriteThrough: see Options.WriteThrough (attach --device sets it unless --write-back).
 	WriteThrough bool `json:"write_through,omitempty"`
+	// AutoDetach stops the server once its last client has disconnected, after at least
+	// one had connected (geli attach -d). With Device the kernel's connections are
+	// clients: the server stops when the device is disconnected.
+	AutoDetach bool `json:"auto_detach,omitempty"`
 	// Witness and AcceptRollback: see Options.
 	Witness        string `json:"witness,omitempty"`
 	AcceptRollback bool   `json:"accept_rollback,omitempty"`
@@ -132,6 +136,12 @@ type Server struct {
 	// (suspend.go); susMu orders Suspend and Resume.
 	kdev  *nbdkernel.Device
 	susMu sync.Mutex
+	// The clients of each NBD server, for AutoDetach: idle is closed once they were
+	// more than none and are none again.
+	clientsMu sync.Mutex
+	clients   []int
+	connected bool
+	idle      chan struct{}
 }
 
 // KeepDevice makes Shutdown leave the kernel device connected: the kernel holds its I/O
@@ -146,7 +156,7 @@ func Listen(cfg *Config, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, errc: make(chan error, 2), devIndex: -1}
+	s := &Server{cfg: cfg, log: log, errc: make(chan error, 2), devIndex: -1, idle: make(chan struct{})}
 	ul, err := nbd.ListenUnix(cfg.Socket)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Socket, err)
@@ -188,8 +198,12 @@ func (s *Server) Start(v *Volume) error {
 		{Name: "", Description: desc, Backend: v, ReadOnly: s.cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
 		{Name: s.cfg.Name + ".eli", Description: desc, Backend: v, ReadOnly: s.cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
 	}
+	s.clients = make([]int, len(s.listeners))
 	for i, l := range s.listeners {
 		srv := &nbd.Server{Exports: exports, Logger: s.log}
+		if s.cfg.AutoDetach {
+			srv.OnClients = func(n int) { s.countClients(i, n) }
+		}
 		if i > 0 { // TCP
 			srv.TLSConfig, srv.AllowInsecureTCP = s.tlsConf, s.cfg.InsecureTCP
 			s.log.Info("listening on TCP", "addr", l.Addr().String(), "tls", s.tlsConf != nil)
@@ -281,9 +295,36 @@ func (s *Server) connectKernel() (int, error) {
 	return idx, nil
 }
 
-// Wait blocks until ctx ends or a listener fails.
+// countClients records that NBD server i has n clients, and closes idle when every
+// server has none after some had (AutoDetach).
+func (s *Server) countClients(i, n int) {
+	s.clientsMu.Lock()
+	defer s.clientsMu.Unlock()
+	s.clients[i] = n
+	total := 0
+	for _, c := range s.clients {
+		total += c
+	}
+	switch {
+	case total > 0:
+		s.connected = true
+	case s.connected:
+		s.connected = false
+		s.log.Info("the last client disconnected: detaching (auto-detach)", "name", s.cfg.Name)
+		select {
+		case <-s.idle:
+		default:
+			close(s.idle)
+		}
+	}
+}
+
+// Wait blocks until ctx ends, a listener fails, or, with AutoDetach, the last client
+// has disconnected.
 func (s *Server) Wait(ctx context.Context) error {
 	select {
+	case <-s.idle:
+		return nil
 	case <-ctx.Done():
 		return nil
 	case err := <-s.errc:
