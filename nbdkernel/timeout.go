@@ -15,7 +15,9 @@ import (
 // The kernel's NBD driver gives up on a server in two ways that a server which holds
 // requests for a while (eli's suspend) must both defer. The facts are from Linux 6.1's
 // drivers/block/nbd.c and block/ (Debian's linux-source-6.1, the kernel of the VM tests),
-// and TestVMHoldDevice shows the first two on that kernel:
+// and on that kernel TestVMSuspend shows eli's suspend deferring both (raising the
+// request timeout alone fails the I/O through the send timeout: "Send data failed
+// (result -11)", then EIO once the dead-connection timeout has passed):
 //
 //   - The request timeout. A request not answered within the device's timeout goes to
 //     nbd_xmit_timeout: with more than one connection, or one connection and a non-zero

@@ -190,3 +190,54 @@ func TestRunSuspendResume(t *testing.T) {
 		})
 	}
 }
+
+// TestShutdownSuspendedKeepingDevice: a suspended server stopped with its kernel device
+// kept (KeepDevice: a supervisor's stop, the device still mounted) leaves the requests it
+// holds unanswered, for the kernel to send again to the next server, rather than failing
+// them; stopped without, it fails them with an error reply. Either way the stop is quick.
+func TestShutdownSuspendedKeepingDevice(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+			var calls []int
+			srv := kernelTestServer(t, &calls)
+			c, err := nbdclient.Dial("unix", srv.cfg.Socket, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := srv.Suspend(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			held := make(chan error, 1)
+			go func() { held <- c.WriteAt(make([]byte, 4096), 0, false) }()
+			for srv.vol.dev.Held() < 1 {
+				time.Sleep(time.Millisecond)
+			}
+			if keep {
+				srv.KeepDevice()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			start := time.Now()
+			if err := srv.Shutdown(ctx); err != nil {
+				t.Fatalf("Shutdown of a suspended server: %v", err)
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("Shutdown of a suspended server took %v: it waited for what it holds", took)
+			}
+			err = <-held
+			var reply *nbdclient.Error
+			switch {
+			case err == nil:
+				t.Fatal("a held write succeeded after a stop")
+			case keep && errors.As(err, &reply):
+				t.Fatalf("kept device: the held write was answered (%v), not left for the next server", err)
+			case !keep && !errors.As(err, &reply):
+				t.Fatalf("the held write was not answered with an error: %v", err)
+			}
+			if keep != (len(calls) == 0) {
+				t.Errorf("keep %v: disconnects %v", keep, calls)
+			}
+		})
+	}
+}

@@ -70,6 +70,9 @@ ready, leaving a server process behind; the last line it prints is the NBD URI.
                        but a crash can lose acknowledged writes)
   --foreground         serve in this process until SIGTERM or SIGINT (systemd,
                        containers); logs go to stderr
+  -d, --auto-detach    detach once the last client has disconnected, after at least
+                       one connected (geli attach -d); with --device, the kernel's
+                       connections are the clients: once the device is disconnected
 
 A volume is served once per host: a second attach is refused, also through another
 path to its bytes (a loop device over the image file, a second path to the disk) and
