@@ -134,7 +134,7 @@ type Server struct {
 	keepDevice atomic.Bool
 	// kdev keeps the kernel device's sockets, whose send timeout a suspend raises
 	// (suspend.go); susMu orders Suspend and Resume.
-	kdev  *nbdkernel.Device
+	kdev  kernelDevice
 	susMu sync.Mutex
 	// The clients of each NBD server, for AutoDetach: idle is closed once they were
 	// more than none and are none again.
@@ -281,8 +281,10 @@ func (s *Server) connectKernel() (int, error) {
 		return -1, err
 	}
 	// The sockets' send timeout can be changed only through them: a suspend raises it.
-	if s.kdev, err = nbdkernel.NewDevice(idx, backend, files); err != nil {
+	if kdev, err := nbdkernel.NewDevice(idx, backend, files); err != nil {
 		s.log.Warn("keep the kernel device's sockets: a suspend will be refused", "device", s.cfg.Device, "err", err)
+	} else {
+		s.kdev = kdev
 	}
 	if replugged {
 		s.log.Info("re-plugged the live kernel device", "device", s.cfg.Device)

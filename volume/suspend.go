@@ -94,6 +94,12 @@ func (v *Volume) wipeKeys() {
 	v.prev = nil
 }
 
+// kernelDevice is what a suspend changes of the kernel device (nbdkernel.Device).
+type kernelDevice interface {
+	SetTimeout(time.Duration) error
+	Close() error
+}
+
 // suspendedKernelTimeout is the kernel device's request and send timeout while the
 // volume is suspended: the longest the kernel takes, since a suspend lasts as long as
 // nobody resumes.
@@ -120,6 +126,11 @@ func (s *Server) Suspend(ctx context.Context) error {
 	}
 	if s.vol.onetime {
 		return ErrOnetime
+	}
+	if s.devIndex >= 0 && s.kdev == nil {
+		// Without its sockets the send timeout cannot be raised: the kernel would fail
+		// the requests held (connectKernel logged why they are not kept).
+		return fmt.Errorf("%s: the server does not hold the kernel device's sockets, so it cannot raise their timeouts for a suspend; detach and attach again", s.cfg.Device)
 	}
 	if s.kdev != nil {
 		if err := s.kdev.SetTimeout(suspendedKernelTimeout); err != nil {
