@@ -217,13 +217,13 @@ func (a *authEngine) flush() error {
 
 // close stops the committer once it has committed what is pending, leaves an empty
 // journal, and wipes the journal key.
-func (a *authEngine) close() error {
+func (a *authEngine) close(suspended bool) error {
 	defer a.keys.wipeJournals()
 	if a.ro {
 		return nil
 	}
-	if err := a.commits.stop(); err != nil {
-		return err
+	if err := a.commits.stop(); err != nil || suspended {
+		return err // suspended: suspend left the empty journal
 	}
 	// Everything is committed: an empty journal makes the next Open skip recovery.
 	if err := a.commits.markCompleted(); err != nil {
@@ -231,6 +231,32 @@ func (a *authEngine) close() error {
 	}
 	a.fresh.report()
 	return nil
+}
+
+// suspend commits what is pending and leaves an empty journal, as close does, with the
+// committer left running (idle: the device holds every request until it resumes).
+func (a *authEngine) suspend() error {
+	if a.ro {
+		return nil
+	}
+	if err := a.flush(); err != nil {
+		return err
+	}
+	a.commits.hold()
+	err := a.commits.markCompleted()
+	a.commits.release()
+	if err != nil {
+		return err
+	}
+	a.fresh.report()
+	return nil
+}
+
+// withKeys holds the committer, which seals journals without the gate.
+func (a *authEngine) withKeys(f func()) {
+	a.commits.hold()
+	defer a.commits.release()
+	f()
 }
 
 // loadMeta loads the metadata blocks of the range, at most as many as the cache holds.

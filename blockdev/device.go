@@ -115,6 +115,15 @@ type Device struct {
 	closed bool
 	// activity counts client requests, which a re-encryption's sweep yields to.
 	activity atomic.Uint64
+
+	// Suspend and resume (suspend.go). susMu orders Suspend, Resume and Close; susp is
+	// set (under the gate held exclusively) while the device is suspended, and hold is
+	// where requests wait meanwhile. sweeper is the re-encryption's Sweeper, if one was
+	// made, which Suspend pauses.
+	susMu   sync.Mutex
+	susp    *suspension
+	hold    hold
+	sweeper atomic.Pointer[Sweeper]
 }
 
 // engine is what one family of modes does with whole sectors and with requests that the
@@ -136,8 +145,15 @@ type engine interface {
 	// extents describes a non-empty range (see Device.Extents).
 	extents(off, length int64) ([]Extent, error)
 	// close makes everything durable and releases what the engine holds (the workers
-	// are the Device's).
-	close() error
+	// are the Device's). On a suspended device (suspended true) everything is durable
+	// already and there is no key: it only releases.
+	close(suspended bool) error
+	// suspend makes every write durable before the keys are wiped: what close does,
+	// without stopping anything.
+	suspend() error
+	// withKeys runs f, which changes the keyring, while nothing of the engine's own
+	// (a committer sealing a journal) uses it; the gate is held exclusively.
+	withKeys(f func())
 	recovery() Recovery
 	cacheStats(st *Stats)
 }
@@ -314,18 +330,46 @@ func (d *Device) enter(write bool) error {
 	return d.enterGate(write)
 }
 
-// enterGate is enter for the device's own work (a re-encryption's sweep).
+// enterGate is enter for the device's own work (a re-encryption's sweep). While the
+// device is suspended it waits for Resume (suspend.go).
 func (d *Device) enterGate(write bool) error {
-	d.gate.RLock()
-	if d.closed {
-		d.gate.RUnlock()
-		return ErrClosed
+	for {
+		w := d.hold.wait()
+		d.gate.RLock()
+		w.entered()
+		switch {
+		case d.closed:
+			d.gate.RUnlock()
+			return ErrClosed
+		case d.susp != nil:
+			// Suspended between the look at the hold and the gate: wait in the queue.
+			d.gate.RUnlock()
+			continue
+		case write && d.ro:
+			d.gate.RUnlock()
+			return ErrReadOnly
+		}
+		return nil
 	}
-	if write && d.ro {
-		d.gate.RUnlock()
-		return ErrReadOnly
+}
+
+// lockGate takes the gate exclusively for a change of the device's keys or state,
+// waiting, as requests do, while the device is suspended.
+func (d *Device) lockGate() error {
+	for {
+		w := d.hold.wait()
+		d.gate.Lock()
+		w.entered()
+		switch {
+		case d.closed:
+			d.gate.Unlock()
+			return ErrClosed
+		case d.susp != nil:
+			d.gate.Unlock()
+			continue
+		}
+		return nil
 	}
-	return nil
 }
 
 func (d *Device) leave() { d.gate.RUnlock() }
@@ -530,16 +574,23 @@ func (d *Device) Flush() error {
 
 // Close commits what is pending, leaves an empty journal and syncs. It waits for requests
 // in flight; later requests fail with ErrClosed. It does not close the provider or wipe
-// the codec (both are the caller's), but wipes its copy of the journal key.
+// the codec (both are the caller's), but wipes its copy of the journal key. A suspended
+// device made everything durable when it was suspended: Close then fails the held
+// requests with ErrClosed (they were never acknowledged) and needs no key.
 func (d *Device) Close() error {
+	d.susMu.Lock()
+	defer d.susMu.Unlock()
 	d.gate.Lock()
-	defer d.gate.Unlock()
 	if d.closed {
+		d.gate.Unlock()
 		return ErrClosed
 	}
 	d.closed = true
-	defer d.workers.stop()
-	return d.eng.close()
+	err := d.eng.close(d.susp != nil)
+	d.workers.stop()
+	d.gate.Unlock()
+	d.hold.releaseAll() // the held see closed
+	return err
 }
 
 func (c *core) sync() error {

@@ -24,12 +24,18 @@ func newPlainEngine(c *core) *plainEngine { return &plainEngine{core: c} }
 
 func (e *plainEngine) flush() error { return e.sync() }
 
-func (e *plainEngine) close() error {
-	if e.ro {
+func (e *plainEngine) close(suspended bool) error {
+	if e.ro || suspended {
 		return nil
 	}
 	return e.sync()
 }
+
+// suspend syncs: every write is in place once it returns, and nothing else holds data.
+func (e *plainEngine) suspend() error { return e.close(false) }
+
+// withKeys: the engine has no goroutine of its own that uses keys.
+func (e *plainEngine) withKeys(f func()) { f() }
 
 // loadMeta has nothing to load: there are no records.
 func (e *plainEngine) loadMeta(off, length int64) error { return nil }

@@ -130,11 +130,11 @@ func prevKeySet(l Layout, cur sector.Codec, r Reencrypt) (keySet, error) {
 // first makes the volume's header say so (keys.BeginReencrypt), so that a crash from
 // here on finds both keys. Requests in flight finish first.
 func (d *Device) StartReencrypt(codec sector.Codec, journalKey []byte, epoch uint64) error {
-	d.gate.Lock()
+	if err := d.lockGate(); err != nil {
+		return err
+	}
 	defer d.gate.Unlock()
 	switch {
-	case d.closed:
-		return ErrClosed
 	case d.ro:
 		return ErrReadOnly
 	case d.keys.prev != nil:
@@ -209,11 +209,10 @@ func (d *Device) FinishSweep() error {
 // caller's to wipe) and the device is as one opened without a re-encryption. Requests in
 // flight finish first.
 func (d *Device) ForgetPrevious() error {
-	d.gate.Lock()
-	defer d.gate.Unlock()
-	if d.closed {
-		return ErrClosed
+	if err := d.lockGate(); err != nil {
+		return err
 	}
+	defer d.gate.Unlock()
 	if d.keys.prev == nil {
 		return ErrNotReencrypting
 	}

@@ -44,8 +44,9 @@ const (
 // Sweeper drives a device's re-encryption from its cursor to the end: steps of Sweep,
 // paced so that clients keep most of the device (it rests after a step that overlapped
 // their requests), checkpoints recorded by the caller, and at the end the previous key
-// dropped from the header and from the device. Pause holds it between steps (suspend,
-// detach); Run returns when the context ends, after a last checkpoint.
+// dropped from the header and from the device. Pause holds it between steps (detach;
+// Device.Suspend holds it too, on its own); Run returns when the context ends, after a
+// last checkpoint.
 type Sweeper struct {
 	d   *Device
 	cfg SweeperConfig
@@ -53,6 +54,7 @@ type Sweeper struct {
 	mu      sync.Mutex
 	cond    sync.Cond
 	paused  bool
+	held    bool // the device is suspended (Device.Suspend), apart from paused
 	running bool // a step is under way
 }
 
@@ -73,6 +75,7 @@ func NewSweeper(d *Device, cfg SweeperConfig) *Sweeper {
 	}
 	s := &Sweeper{d: d, cfg: cfg}
 	s.cond.L = &s.mu
+	d.sweeper.Store(s) // Device.Suspend pauses it
 	return s
 }
 
@@ -95,11 +98,43 @@ func (s *Sweeper) Resume() {
 	s.mu.Unlock()
 }
 
-// begin waits while paused, then marks a step as running; false if ctx ended.
+// hold is Pause for Device.Suspend, which a Resume of the sweeper's own does not undo:
+// it returns once no step runs, or with ctx's error if one still does when ctx ends
+// (the sweeper is then not held).
+func (s *Sweeper) hold(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held = true
+	for s.running {
+		if err := ctx.Err(); err != nil {
+			s.held = false
+			s.cond.Broadcast()
+			return err
+		}
+		s.cond.Wait()
+	}
+	return nil
+}
+
+// unhold ends hold.
+func (s *Sweeper) unhold() {
+	s.mu.Lock()
+	s.held = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// begin waits while paused or held, then marks a step as running; false if ctx ended.
 func (s *Sweeper) begin(ctx context.Context) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.paused && ctx.Err() == nil {
+	for (s.paused || s.held) && ctx.Err() == nil {
 		s.cond.Wait()
 	}
 	if ctx.Err() != nil {

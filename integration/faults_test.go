@@ -144,10 +144,10 @@ func TestDetachStorageGone(t *testing.T) {
 	e.detach("z")
 }
 
-// TestSuspendedServer: a server that is stopped (SIGSTOP) is listed as suspended,
-// detach says so instead of waiting for it, and detach --force ends it and frees the
-// name.
-func TestSuspendedServer(t *testing.T) {
+// TestFrozenServer: a server that is stopped (SIGSTOP) is listed as frozen, detach
+// says so instead of waiting for it, and detach --force ends it and frees the name.
+// ('suspended' is eli suspend's state: suspend_test.go.)
+func TestFrozenServer(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false)
 	img := e.create(volume{name: "s.img", size: "16M"})
@@ -157,18 +157,18 @@ func TestSuspendedServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	// No cleanup of its own by pid, which another process may have by then: the
-	// env's DetachAll kills a suspended server with detach --force.
+	// env's DetachAll kills a frozen server with detach --force.
 	for deadline := time.Now().Add(time.Minute); !stopped(pid) && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond) // the signal is delivered asynchronously
 	}
-	if l := listed(e); len(l) != 1 || l[0].State != "suspended" || l[0].Pid != pid {
-		t.Fatalf("list of a stopped server: %+v, want it suspended", l)
+	if l := listed(e); len(l) != 1 || l[0].State != "frozen" || l[0].Pid != pid {
+		t.Fatalf("list of a stopped server: %+v, want it frozen", l)
 	}
-	if r := e.Run("", "status", "s.img"); r.Code != 1 || !strings.Contains(r.Stderr, "suspended") {
+	if r := e.Run("", "status", "s.img"); r.Code != 1 || !strings.Contains(r.Stderr, "frozen") {
 		t.Fatalf("status of a stopped server: %v", r)
 	}
 	r, took := timed(e, "detach", "--timeout", "30s", "s.img")
-	if r.Code != 1 || !strings.Contains(r.Stderr, "suspended") || took > 20*time.Second {
+	if r.Code != 1 || !strings.Contains(r.Stderr, "frozen") || took > 20*time.Second {
 		t.Fatalf("detach of a stopped server: want it refused at once, naming the state (took %v): %v", took, r)
 	}
 	r, took = timed(e, "detach", "--force", "--timeout", "30s", "s.img")

@@ -149,13 +149,21 @@ func (o *replyWriter) stream(hdr []byte, fill func(write func(p []byte) error) e
 	}
 	o.pending = append(o.pending, hdr...)
 	start, sent := time.Now(), int64(0)
+	var wrote time.Time // when the last piece was written
 	return fill(func(p []byte) error {
+		if !wrote.IsZero() {
+			// The pace is the client's: what fill did between two pieces (the
+			// backend's read, which a suspended volume holds) does not count.
+			start = start.Add(time.Since(wrote))
+		}
 		sent += int64(len(o.pending) + len(p))
 		if o.dl != nil {
 			o.until = o.pace(start, sent)
 			o.dl.SetWriteDeadline(o.until)
 		}
-		return o.writeVec(p)
+		err := o.writeVec(p)
+		wrote = time.Now()
+		return err
 	})
 }
 

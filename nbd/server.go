@@ -97,6 +97,9 @@ type Server struct {
 	// part-way is dropped when its next MiB falls due, not when the whole would. (For a
 	// reply, the deadline covers the whole write and is refreshed only when less than
 	// half of IOTimeout is left, so a reply gets between IOTimeout/2 and IOTimeout.)
+	// It bounds the client alone: a backend call may take as long as it takes (a
+	// suspended volume holds requests until it resumes), and the time it takes, also
+	// between the pieces of a streamed request, is not counted against the client.
 	IOTimeout time.Duration
 
 	// minRate overrides minTransferRate, and drainTime shutdownDrain, for tests.
@@ -106,6 +109,11 @@ type Server struct {
 	handOnAfter time.Duration
 	// gatherBound overrides the constant of that name (reply.go), for tests.
 	gatherBound time.Duration
+
+	// OnClients, if set, is told the number of connections in the transmission phase
+	// (clients that chose an export) each time it changes, in order. It is called with
+	// the server's lock held: it must return quickly and not call the Server.
+	OnClients func(n int)
 
 	initOnce sync.Once
 	initErr  error
@@ -119,6 +127,7 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	evicting  int // evicted connections not yet gone
+	clients   int // connections in transmission (OnClients)
 	active    sync.WaitGroup
 }
 
@@ -331,6 +340,10 @@ func (s *Server) enterTransmission(c *conn) bool {
 		return false
 	}
 	c.inTransmission = true
+	s.clients++
+	if s.OnClients != nil {
+		s.OnClients(s.clients)
+	}
 	return true
 }
 
@@ -339,6 +352,12 @@ func (s *Server) forget(c *conn) {
 	delete(s.conns, c)
 	if c.evicted {
 		s.evicting--
+	}
+	if c.inTransmission {
+		s.clients--
+		if s.OnClients != nil {
+			s.OnClients(s.clients)
+		}
 	}
 	s.mu.Unlock()
 	s.active.Done()

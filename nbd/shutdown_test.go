@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -300,5 +301,44 @@ func TestHandoverLeavesLateRequestsUnanswered(t *testing.T) {
 		if op.off >= 100*4096 {
 			t.Errorf("a late write ran: %+v", op)
 		}
+	}
+}
+
+// TestOnClients: the server tells how many clients are in the transmission phase each
+// time the number changes, in order; a connection still in its handshake is no client.
+func TestOnClients(t *testing.T) {
+	t.Parallel()
+	srv := oneExportServer(newMem(1<<20), nil)
+	counts := make(chan int, 16)
+	srv.OnClients = func(n int) { counts <- n }
+	path := serveUnix(t, srv)
+	handshaking := dialRaw(t, path)
+	if _, err := handshaking.greet(nbdproto.FlagCFixedNewstyle | nbdproto.FlagCNoZeroes); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := mustConnect(t, path, true)
+	b, _ := mustConnect(t, path, false)
+	if r := a.roundTrip(t, nbdproto.CmdRead, 0, 0, 512, nil); r.err != 0 {
+		t.Fatalf("read: %+v", r)
+	}
+	a.c.Close()
+	b.c.Close()
+	var got []int
+	for len(got) < 4 {
+		select {
+		case n := <-counts:
+			got = append(got, n)
+		case <-time.After(time.Minute): // a hang guard
+			t.Fatalf("clients reported: %v", got)
+		}
+	}
+	if want := []int{1, 2, 1, 0}; !slices.Equal(got, want) {
+		t.Fatalf("clients reported %v, want %v", got, want)
+	}
+	handshaking.c.Close()
+	select {
+	case n := <-counts:
+		t.Fatalf("a connection that never chose an export changed the count to %d", n)
+	case <-time.After(100 * time.Millisecond):
 	}
 }

@@ -72,12 +72,16 @@ func (c *conn) streamWrite(br *bufio.Reader, req *request) (string, slog.Level, 
 			reason, level := c.payloadFailure(e, &r)
 			return reason, level, false
 		}
+		called := time.Now()
 		if keeps {
 			err = k.WriteKeep(*buf, off+done, 0, func() { putBuf(buf) })
 		} else {
 			err = b.WriteAt(*buf, off+done, 0)
 			putBuf(buf)
 		}
+		// The pace is the client's: the time the backend took (a suspended volume
+		// holds a write for as long as it is suspended) does not count against it.
+		start = start.Add(time.Since(called))
 		if err != nil {
 			err = offsetError(err, off+done)
 		}

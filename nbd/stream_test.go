@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/elidisk/eli/internal/nbdproto"
 )
@@ -103,6 +104,50 @@ func TestStreamedReadFails(t *testing.T) {
 					t.Fatalf("the connection did not go on: %+v", r)
 				}
 			}
+		})
+	}
+}
+
+// TestStreamedRequestsOutlastBackend: a streamed WRITE and READ whose backend holds a
+// piece for longer than the I/O timeout (a suspended volume holds requests for as long
+// as it is suspended) complete: the payload's and the reply's pace is the client's, and
+// the time the backend takes does not count against it. Before, the next piece's
+// deadline had passed when the backend returned, and the connection was dropped.
+func TestStreamedRequestsOutlastBackend(t *testing.T) {
+	t.Parallel()
+	for _, structured := range []bool{false, true} {
+		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
+			t.Parallel()
+			const hold = 600 * time.Millisecond
+			mem := newMem(16 << 20)
+			mem.hook = func(name string, off, n int64, f Flags) error {
+				if (name == "write" || name == "read") && off == 1<<20+streamPiece {
+					time.Sleep(hold) // the second piece
+				}
+				return nil
+			}
+			srv := oneExportServer(mem, nil)
+			srv.MaxBytes = MaxRequest
+			srv.IOTimeout = 100 * time.Millisecond
+			srv.minRate = 1 << 40 // no allowance for the size: the timeout alone
+			path := serveUnix(t, srv)
+			rc, _ := mustConnect(t, path, structured)
+			holdPool(t, srv)
+			data := pattern(4<<20, 5)
+			sent := make(chan error, 1)
+			go func() { sent <- rc.send(nbdproto.CmdWrite, 0, 1, 1<<20, 4<<20, data) }()
+			r, err := rc.readReply()
+			if err != nil || r.err != 0 {
+				t.Fatalf("write held by its backend for %v: %+v %v", hold, r, err)
+			}
+			if err := <-sent; err != nil {
+				t.Fatal(err)
+			}
+			r = rc.roundTrip(t, nbdproto.CmdRead, 0, 1<<20, 4<<20, nil)
+			if r.err != 0 {
+				t.Fatalf("read held by its backend for %v: error %d %s", hold, r.err, r.msg)
+			}
+			mustEqual(t, "read", r.data, data)
 		})
 	}
 }

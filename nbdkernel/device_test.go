@@ -292,3 +292,29 @@ func TestOpeners(t *testing.T) {
 		t.Errorf("openers skipping self = %+v", found)
 	}
 }
+
+// TestInFlight reads sysfs's inflight (reads and writes) and refuses what is not two
+// counts.
+func TestInFlight(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		file string
+		want int
+		ok   bool
+	}{
+		{"       0        0\n", 0, true},
+		{"       3       12\n", 15, true},
+		{"3\n", 0, false},
+		{"a b\n", 0, false},
+		{"1 -1\n", 0, false},
+	} {
+		h := fakeHost(t, map[string]string{"sys/block/nbd0/inflight": tc.file})
+		got, err := h.inFlight(0)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("inflight %q: %d, %v; want %d, ok=%v", tc.file, got, err, tc.want, tc.ok)
+		}
+	}
+	if _, err := fakeHost(t, nil).inFlight(0); err == nil {
+		t.Error("no inflight file: no error")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -14,7 +15,9 @@ import (
 // The kernel's NBD driver gives up on a server in two ways that a server which holds
 // requests for a while (eli's suspend) must both defer. The facts are from Linux 6.1's
 // drivers/block/nbd.c and block/ (Debian's linux-source-6.1, the kernel of the VM tests),
-// and TestVMHoldDevice shows the first two on that kernel:
+// and on that kernel TestVMSuspend shows eli's suspend deferring both (raising the
+// request timeout alone fails the I/O through the send timeout: "Send data failed
+// (result -11)", then EIO once the dead-connection timeout has passed):
 //
 //   - The request timeout. A request not answered within the device's timeout goes to
 //     nbd_xmit_timeout: with more than one connection, or one connection and a non-zero
@@ -208,4 +211,30 @@ func (h host) requestTimeout(idx int) (time.Duration, error) {
 		return 0, fmt.Errorf("/dev/nbd%d: io_timeout %q: %w", idx, s, err)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// InFlight is the number of requests of /dev/nbd<idx> that the block layer has issued and
+// not completed (sysfs inflight: reads and writes). A server that raised the timeouts
+// waits for it to be 0 once before it holds requests: every request started before the
+// raise has then been answered.
+func InFlight(idx int) (int, error) { return realHost.inFlight(idx) }
+
+func (h host) inFlight(idx int) (int, error) {
+	s, err := h.readAttr(idx, "inflight")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(s)
+	if len(f) != 2 {
+		return 0, fmt.Errorf("/dev/nbd%d: inflight %q: want reads and writes", idx, s)
+	}
+	n := 0
+	for _, v := range f {
+		k, err := strconv.ParseUint(v, 10, 31)
+		if err != nil {
+			return 0, fmt.Errorf("/dev/nbd%d: inflight %q: %w", idx, s, err)
+		}
+		n += int(k)
+	}
+	return n, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +38,10 @@ type Config struct {
 	Connections int    `json:"connections,omitempty"`
 	// WriteThrough: see Options.WriteThrough (attach --device sets it unless --write-back).
 	WriteThrough bool `json:"write_through,omitempty"`
+	// AutoDetach stops the server once its last client has disconnected, after at least
+	// one had connected (geli attach -d). With Device the kernel's connections are
+	// clients: the server stops when the device is disconnected.
+	AutoDetach bool `json:"auto_detach,omitempty"`
 	// Witness and AcceptRollback: see Options.
 	Witness        string `json:"witness,omitempty"`
 	AcceptRollback bool   `json:"accept_rollback,omitempty"`
@@ -118,6 +123,16 @@ type Server struct {
 	// keepDevice: Shutdown leaves the kernel device connected (and hands its requests
 	// over unanswered), so that the next attach re-plugs it while it stays mounted.
 	keepDevice atomic.Bool
+	// kdev keeps the kernel device's sockets, whose send timeout a suspend raises
+	// (suspend.go); susMu orders Suspend and Resume.
+	kdev  kernelDevice
+	susMu sync.Mutex
+	// The clients of each NBD server, for AutoDetach: idle is closed once they were
+	// more than none and are none again.
+	clientsMu sync.Mutex
+	clients   []int
+	connected bool
+	idle      chan struct{}
 }
 
 // KeepDevice makes Shutdown leave the kernel device connected: the kernel holds its I/O
@@ -154,7 +169,7 @@ func Listen(cfg *Config, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, errc: make(chan error, 2), devIndex: -1}
+	s := &Server{cfg: cfg, log: log, errc: make(chan error, 2), devIndex: -1, idle: make(chan struct{})}
 	ul, err := nbd.ListenUnix(cfg.Socket)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Socket, err)
@@ -196,8 +211,12 @@ func (s *Server) Start(v *Volume) error {
 		{Name: "", Description: desc, Backend: v, ReadOnly: s.cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
 		{Name: s.cfg.Name + ".eli", Description: desc, Backend: v, ReadOnly: s.cfg.ReadOnly, MinBlock: 1, PreferredBlock: ss, MultiConn: true},
 	}
+	s.clients = make([]int, len(s.listeners))
 	for i, l := range s.listeners {
 		srv := &nbd.Server{Exports: exports, Logger: s.log}
+		if s.cfg.AutoDetach {
+			srv.OnClients = func(n int) { s.countClients(i, n) }
+		}
 		if i > 0 { // TCP
 			srv.TLSConfig, srv.AllowInsecureTCP = s.tlsConf, s.cfg.InsecureTCP
 			s.log.Info("listening on TCP", "addr", l.Addr().String(), "tls", s.tlsConf != nil)
@@ -241,7 +260,7 @@ func (s *Server) connectKernel() (int, error) {
 		return -1, err
 	}
 	n := max(s.cfg.Connections, 1)
-	var files []*os.File
+	var files []*os.File // the kernel's ends, closed once the kernel and kdev have theirs
 	defer func() {
 		for _, f := range files {
 			f.Close()
@@ -261,14 +280,21 @@ func (s *Server) connectKernel() (int, error) {
 		}
 		files = append(files, f)
 	}
+	backend := nbdkernel.BackendID(s.cfg.VolumeID[:])
 	idx, replugged, err := nbdkernel.Attach(nbdkernel.Config{
 		Index: idx, Size: uint64(s.vol.Size()), BlockSize: uint64(s.vol.SectorSize()),
 		ServerFlags: flags, TimeoutSeconds: s.cfg.kernelTimeout(), Sockets: files,
 		DeadConnTimeoutSeconds: nbdkernel.DeadConnTimeout,
-		Backend:                nbdkernel.BackendID(s.cfg.VolumeID[:]),
+		Backend:                backend,
 	})
 	if err != nil {
 		return -1, err
+	}
+	// The sockets' send timeout can be changed only through them: a suspend raises it.
+	if kdev, err := nbdkernel.NewDevice(idx, backend, files); err != nil {
+		s.log.Warn("keep the kernel device's sockets: a suspend will be refused", "device", s.cfg.Device, "err", err)
+	} else {
+		s.kdev = kdev
 	}
 	if replugged {
 		s.log.Info("re-plugged the live kernel device", "device", s.cfg.Device)
@@ -281,9 +307,36 @@ func (s *Server) connectKernel() (int, error) {
 	return idx, nil
 }
 
-// Wait blocks until ctx ends or a listener fails.
+// countClients records that NBD server i has n clients, and closes idle when every
+// server has none after some had (AutoDetach).
+func (s *Server) countClients(i, n int) {
+	s.clientsMu.Lock()
+	defer s.clientsMu.Unlock()
+	s.clients[i] = n
+	total := 0
+	for _, c := range s.clients {
+		total += c
+	}
+	switch {
+	case total > 0:
+		s.connected = true
+	case s.connected:
+		s.connected = false
+		s.log.Info("the last client disconnected: detaching (auto-detach)", "name", s.cfg.Name)
+		select {
+		case <-s.idle:
+		default:
+			close(s.idle)
+		}
+	}
+}
+
+// Wait blocks until ctx ends, a listener fails, or, with AutoDetach, the last client
+// has disconnected.
 func (s *Server) Wait(ctx context.Context) error {
 	select {
+	case <-s.idle:
+		return nil
 	case <-ctx.Done():
 		return nil
 	case err := <-s.errc:
@@ -300,14 +353,37 @@ func (s *Server) Wait(ctx context.Context) error {
 // server acknowledged is on the provider. Connections still busy when ctx ends (30 s at
 // most) are closed. A provider that can bound its I/O (a remote one, Deadliner) ends
 // every request by ctx's deadline, so that Shutdown ends whatever the storage does.
+//
+// A suspended volume's requests are held and cannot be served without its keys, and
+// every write it acknowledged is on the provider already. They are failed with
+// ESHUTDOWN (they were never acknowledged), or, when the kernel device is kept for the
+// next server (KeepDevice), left unanswered: the kernel sends them again to the server
+// that re-plugs it.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if d, ok := ctx.Deadline(); ok && s.vol != nil && s.vol.deadliner != nil {
 		s.vol.deadliner.SetDeadline(d)
+	}
+	if s.vol != nil && !s.closed {
+		if ok, _ := s.vol.Suspended(); ok {
+			if s.keepDevice.Load() {
+				// Cut the connections before the held requests fail: their replies
+				// then never reach the kernel.
+				cut, cancel := context.WithCancel(ctx)
+				cancel()
+				s.stopServing(cut)
+			}
+			s.closeVolume()
+		}
 	}
 	s.stopServing(ctx)
 	if s.vol == nil || s.closed {
 		return s.closeErr
 	}
+	return s.closeVolume()
+}
+
+// closeVolume closes the volume once and logs its final status.
+func (s *Server) closeVolume() error {
 	s.closed = true
 	err := s.vol.Close()
 	s.closeErr = err
@@ -356,6 +432,10 @@ func (s *Server) stopServing(ctx context.Context) {
 		}
 	}
 	s.devIndex = -1
+	if s.kdev != nil {
+		s.kdev.Close()
+		s.kdev = nil
+	}
 	s.closeListeners()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

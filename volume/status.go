@@ -12,10 +12,11 @@ const (
 	StateServing = "serving" // attached and answering
 	// StateDegraded: serving, but without the protection against rollback its format
 	// promises: the witness cannot be written (Status.Witness says why).
-	StateDegraded = "degraded"
-	StateFailed   = "failed"   // the provider failed a write or flush (authenticated modes then refuse writes)
-	StateStopping = "stopping" // shutting down: draining, the final commit, letting go
-	StateStopped  = "stopped"  // the server has exited (Status.Final says how)
+	StateDegraded  = "degraded"
+	StateFailed    = "failed"    // the provider failed a write or flush (authenticated modes then refuse writes)
+	StateStopping  = "stopping"  // shutting down: draining, the final commit, letting go
+	StateStopped   = "stopped"   // the server has exited (Status.Final says how)
+	StateSuspended = "suspended" // eli suspend: the keys are wiped and requests wait for eli resume
 )
 
 // Status is what the server reports about its volume: `eli status`, the state column of
@@ -43,6 +44,10 @@ type Status struct {
 	Storage string `json:"storage,omitempty"`
 	// LastFlush is when the last flush the server acknowledged completed.
 	LastFlush time.Time `json:"last_flush,omitzero"`
+	// SuspendedSince is when the volume was suspended (State "suspended"), and Held
+	// how many requests wait for its resume.
+	SuspendedSince time.Time `json:"suspended_since,omitzero"`
+	Held           int       `json:"held,omitempty"`
 
 	Reads        uint64 `json:"reads"`
 	Writes       uint64 `json:"writes"`
@@ -98,6 +103,9 @@ func (v *Volume) Status() Status {
 	}
 	if v.health != nil {
 		s.Storage = describeHealth(v.health())
+	}
+	if ok, since := v.dev.Suspended(); ok {
+		s.State, s.SuspendedSince, s.Held = StateSuspended, since, v.dev.Held()
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()

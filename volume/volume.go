@@ -56,7 +56,8 @@ type Onetime struct {
 // it counts what it serves for Status.
 type Volume struct {
 	dev   *blockdev.Device
-	codec sector.Codec
+	p     provider.Provider   // its header is read again at Resume
+	codec sector.Codec        // nil while suspended (the device wiped it)
 	prev  *reencrypt.Previous // a re-encryption's previous keys, or nil
 	mode  sector.Mode
 	ro    bool
@@ -64,6 +65,11 @@ type Volume struct {
 	wit   *witness       // nil without one
 	fmtv  int            // format version
 	log   *slog.Logger
+	// onetime: the key is a random one that no header holds, so it cannot be given
+	// back after a suspend.
+	onetime bool
+	// keyMu orders Suspend, Resume and Close, which change codec and prev.
+	keyMu sync.Mutex
 
 	reads, writes, zeroes, trims, flushes, caches atomic.Uint64
 	bytesRead, bytesWritten                       atomic.Uint64
@@ -202,8 +208,8 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		}
 		return nil, err
 	}
-	v := &Volume{dev: dev, codec: codec, prev: prev, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log,
-		fmtv: int(max(l.Version, layout.Version1))}
+	v := &Volume{dev: dev, p: p, codec: codec, prev: prev, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log,
+		fmtv: int(max(l.Version, layout.Version1)), onetime: opts.Onetime != nil}
 	if opts.WriteThrough && mode.Authenticated() {
 		v.fua = blockdev.FUA
 	}
@@ -273,9 +279,10 @@ func (v *Volume) WitnessProblem() string {
 // provider. It does not close the provider. A witness it could not write at the end is
 // not its error (the data is safe): WitnessProblem says so.
 func (v *Volume) Close() error {
+	v.keyMu.Lock()
+	defer v.keyMu.Unlock()
 	err := v.dev.Close()
-	v.codec.Wipe()
-	v.prev.Wipe()
+	v.wipeKeys()
 	if v.wit != nil {
 		v.wit.close()
 	}

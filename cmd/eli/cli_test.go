@@ -91,6 +91,12 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"--listen without TLS", []string{"attach", "--listen", "127.0.0.1:0", "x.img"}},
 		{"--key-length", []string{"init", "--key-length", "128", "x.img"}},
 		{"KDF parameters out of range", []string{"init", "--kdf-time", "5000", "--size", "16M", "x.img"}},
+		{"takes 1 argument", []string{"label"}}, // geli's names: label is init, stop is detach
+		{"takes 1 argument", []string{"stop"}},
+		{"suspend takes NAME|PROVIDER, or --all", []string{"suspend"}},
+		{"suspend takes NAME|PROVIDER, or --all", []string{"suspend", "--all", "x"}},
+		{"takes 1 argument", []string{"resume"}},
+		{"--slot must be 0 to 7", []string{"resume", "--slot", "9", "x"}},
 	} {
 		e.FailsCode(2, tc.want, tc.args...)
 	}

@@ -39,6 +39,7 @@ type attachOptions struct {
 	device      string
 	connections int
 	writeBack   bool
+	autoDetach  bool
 	witness     string
 	rollback    bool
 	slot        int
@@ -70,6 +71,9 @@ ready, leaving a server process behind; the last line it prints is the NBD URI.
                        but a crash can lose acknowledged writes)
   --foreground         serve in this process until SIGTERM or SIGINT (systemd,
                        containers); logs go to stderr
+  -d, --auto-detach    detach once the last client has disconnected, after at least
+                       one connected (geli attach -d); with --device, the kernel's
+                       connections are the clients: once the device is disconnected
 
 A volume is served once per host: a second attach is refused, also through another
 path to its bytes (a loop device over the image file, a second path to the disk) and
@@ -181,6 +185,8 @@ func addServeFlags(cmd *cobra.Command, o *attachOptions) {
 	f.IntVar(&o.connections, "connections", 4, "connections the kernel device uses (with --device)")
 	f.BoolVar(&o.writeBack, "write-back", false, "with --device: acknowledge writes before their commit (faster; a server crash can then lose acknowledged writes under a flush the kernel re-sends)")
 	f.IntVar(&o.cacheMiB, "cache", 64, "metadata cache size in MiB")
+	f.BoolVarP(&o.autoDetach, "auto-detach", "d", false,
+		"detach once the last client has disconnected, after at least one connected (with --device: once the device is disconnected)")
 }
 
 // serveSetup checks the options shared by attach and onetime and builds the server's
@@ -248,7 +254,7 @@ func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*daemon.Set
 		Name: name, Provider: abs, Socket: socket, Listen: o.listen,
 		TLSCert: absOrEmpty(o.tlsCert), TLSKey: absOrEmpty(o.tlsKey), TLSClientCA: absOrEmpty(o.tlsClientCA),
 		InsecureTCP: o.insecureTCP, ReadOnly: o.readOnly, Device: o.device, Connections: o.connections,
-		CacheBytes: int64(o.cacheMiB) << 20,
+		CacheBytes: int64(o.cacheMiB) << 20, AutoDetach: o.autoDetach,
 		// The kernel device re-plugs after a server crash (attach --device again): only
 		// writes committed before they were acknowledged survive that.
 		WriteThrough: o.device != "" && !o.writeBack,

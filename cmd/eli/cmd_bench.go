@@ -52,7 +52,7 @@ place and opens it, as a read does, so 'none' shows the cost of moving the bytes
 	f := cmd.Flags()
 	f.IntVarP(&o.sectorSize, "sector-size", "s", 0, "measure only this sector size (default: 512 and 4096)")
 	f.IntVarP(&o.threads, "threads", "t", runtime.GOMAXPROCS(0), "threads working at once; the default is all cores, as the server uses")
-	f.DurationVarP(&o.duration, "duration", "d", 250*time.Millisecond, "time spent on each direction of each cell")
+	f.DurationVar(&o.duration, "duration", 250*time.Millisecond, "time spent on each direction of each cell")
 	f.BoolVar(&o.json, "json", false, "print JSON instead of a table")
 	f.StringArrayVarP(&o.ciphers, "cipher", "e", nil, "measure only this mode (repeatable; default: every mode)")
 	addProfileFlags(cmd)

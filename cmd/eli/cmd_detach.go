@@ -17,8 +17,9 @@ func newDetachCmd(g *globalOptions) *cobra.Command {
 	var force, keepDevice bool
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "detach NAME|PROVIDER",
-		Short: "Flush, close and forget the keys of an attached volume",
+		Use:     "detach NAME|PROVIDER",
+		Aliases: []string{"stop"},
+		Short:   "Flush, close and forget the keys of an attached volume",
 		Long: `Detach stops the server of an attached volume: it finishes the requests in flight,
 commits and flushes every write, closes the provider and wipes the keys from memory.
 A kernel NBD device connected with 'attach --device' is disconnected as the server
@@ -44,9 +45,14 @@ lost, and the next attach rolls the journal forward or back. A local disk's I/O 
 be cut short: a server stuck on a disk that stopped answering is reported, not waited
 for without end.
 
+A suspended volume ('eli suspend') is refused, as geli refuses one, since the
+requests it holds wait for its keys: 'eli resume' it first. With --force its server
+stops at once and fails the requests it holds; they were never acknowledged, and
+every write acknowledged before the suspend is on the provider.
+
 --force detaches a device in use (the filesystem on it then fails), and kills a
-server that does not exit within --timeout, or that is suspended (SIGSTOP), with
-SIGKILL; the name is free again when detach returns. Writes it had acknowledged but
+server that does not exit within --timeout, or that is frozen (stopped by SIGSTOP or a
+debugger), with SIGKILL; the name is free again when detach returns. Writes it had acknowledged but
 not yet flushed may be lost, exactly as after a power cut (detach then exits 1);
 what was flushed is safe, and the next attach repairs the last commit.`,
 		Example: "  eli detach disk.img\n  eli detach /srv/disk.img\n  eli detach --force disk.img\n" +
@@ -97,6 +103,21 @@ const stopMargin = 10 * time.Second
 // detach stops the server of rec and reports its final status. The server disconnects
 // the kernel device itself, as the first step of its shutdown.
 func detach(sd daemon.StateDir, rec *daemon.Record, force bool, timeout time.Duration) error {
+	state := processState(sd, rec.Name)
+	if state == volume.StateSuspended {
+		// As geli: a suspended volume holds requests that only a resume can serve.
+		held := ""
+		if st, err := sd.ReadStatus(rec.Name); err == nil && st.Held > 0 {
+			held = fmt.Sprintf(" (%d now)", st.Held)
+		}
+		if !force {
+			return fmt.Errorf("%s is suspended: 'eli resume %s' first, or 'eli detach --force %s' fails the requests it holds%s; "+
+				"every write acknowledged before the suspend is on the provider", rec.Name, rec.Name, rec.Name, held)
+		}
+		if held != "" {
+			warnf("%s is suspended: the requests it holds%s fail", rec.Name, held)
+		}
+	}
 	// The server disconnects the kernel device as it stops; refuse before asking it to,
 	// while the device is still in use.
 	if rec.Device != "" && !force {
@@ -115,12 +136,12 @@ func detach(sd daemon.StateDir, rec *daemon.Record, force bool, timeout time.Dur
 	if err != nil {
 		return err
 	}
-	suspended := processState(sd, rec.Name) == daemon.StateSuspended
+	frozen := state == daemon.StateFrozen
 	switch {
-	case suspended && !force:
-		return fmt.Errorf("server for %s (pid %d) is suspended (stopped by a signal) and answers nothing: 'kill -CONT %d' resumes it, 'eli detach --force %s' kills it",
+	case frozen && !force:
+		return fmt.Errorf("server for %s (pid %d) is frozen (stopped by a signal) and answers nothing: 'kill -CONT %d' continues it, 'eli detach --force %s' kills it",
 			rec.Name, rec.Pid, rec.Pid, rec.Name)
-	case !suspended:
+	case !frozen:
 		sd.RequestStop(rec.Name, time.Now().Add(max(timeout-stopMargin, timeout/2)))
 		// The lock says the server is alive; its pid is in the record it wrote itself.
 		if err := proc.Signal(syscall.SIGTERM); err != nil && sd.Alive(rec.Name) {
@@ -190,6 +211,9 @@ func processState(sd daemon.StateDir, name string) string {
 func detachKeepDevice(sd daemon.StateDir, rec *daemon.Record, timeout time.Duration) error {
 	if rec.Device == "" {
 		return usagef("--keep-device: %s has no kernel device (attach --device)", rec.Name)
+	}
+	if processState(sd, rec.Name) == volume.StateSuspended {
+		return fmt.Errorf("%s is suspended: 'eli resume %s' first", rec.Name, rec.Name)
 	}
 	if err := syscall.Kill(rec.Pid, syscall.SIGUSR1); err != nil && sd.Alive(rec.Name) {
 		return fmt.Errorf("signal server (pid %d): %w", rec.Pid, err)

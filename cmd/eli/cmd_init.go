@@ -33,8 +33,9 @@ type initOptions struct {
 func newInitCmd(g *globalOptions) *cobra.Command {
 	o := &initOptions{}
 	cmd := &cobra.Command{
-		Use:   "init PROVIDER",
-		Short: "Create an encrypted volume on a file or block device",
+		Use:     "init PROVIDER",
+		Aliases: []string{"label"},
+		Short:   "Create an encrypted volume on a file or block device",
 		Long: `Init writes a new eli header (two copies: at the start and at the end of the
 provider) with a random master key wrapped in keyslot 0 under the passphrase and/or
 keyfiles, and prepares the metadata area. It is instant on any size. In the

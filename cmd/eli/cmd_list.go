@@ -36,7 +36,8 @@ runs is listed, whatever it is doing. The state is:
              authenticated volume then refuses writes until detached and attached again
   stopping   shutting down (draining, the final commit, letting go)
   starting   the process holds the name but its export is not ready yet
-  suspended  the process is stopped (SIGSTOP) and answers nothing
+  suspended  'eli suspend': its keys are wiped and requests wait for 'eli resume'
+  frozen     the process is stopped (SIGSTOP, a debugger) and answers nothing
 
 Records left by servers that were killed are cleaned up on the way.`,
 		Example: "  eli list\n  eli list --json",

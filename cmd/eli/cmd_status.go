@@ -62,7 +62,7 @@ the line on stderr says which.`,
 				st.State = volume.StateStopped
 				st.Final = "not made: the server was killed or crashed"
 				killed = true
-			} else if ps := processState(sd, name); ps == daemon.StateSuspended {
+			} else if ps := processState(sd, name); ps == daemon.StateFrozen {
 				st.State = ps
 			}
 			out := cmd.OutOrStdout()
@@ -79,6 +79,9 @@ the line on stderr says which.`,
 			row("name", "%s (pid %d)", st.Name, st.Pid)
 			row("mode", "%s", st.Mode)
 			row("state", "%s", st.State)
+			if !st.SuspendedSince.IsZero() {
+				row("suspended since", "%s (%d requests held)", st.SuspendedSince.Format(time.RFC3339), st.Held)
+			}
 			if st.Error != "" {
 				row("error", "%s", st.Error)
 			}
@@ -131,9 +134,12 @@ func statusExit(st *volume.Status, killed bool) error {
 		}
 		msg = st.Name + ": the server was killed or crashed before its final commit: " + what +
 			", writes acknowledged since may be lost, and the next attach rolls the journal forward or back"
-	case st.State == daemon.StateSuspended:
-		msg = fmt.Sprintf("%s: the server (pid %d) is suspended (stopped by a signal) and answers nothing: 'kill -CONT %d' resumes it",
+	case st.State == daemon.StateFrozen:
+		msg = fmt.Sprintf("%s: the server (pid %d) is frozen (stopped by a signal) and answers nothing: 'kill -CONT %d' continues it",
 			st.Name, st.Pid, st.Pid)
+	case st.State == volume.StateSuspended:
+		msg = fmt.Sprintf("%s: suspended since %s: its keys are wiped and %d requests wait; 'eli resume %s' resumes it",
+			st.Name, st.SuspendedSince.Format(time.DateTime), st.Held, st.Name)
 	default:
 		return nil
 	}

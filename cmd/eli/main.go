@@ -68,6 +68,8 @@ Start with 'eli init PROVIDER', then 'eli attach PROVIDER'; 'eli detach NAME' cl
 		newInitCmd(g),
 		newAttachCmd(g),
 		newDetachCmd(g),
+		newSuspendCmd(g),
+		newResumeCmd(g),
 		newListCmd(g),
 		newStatusCmd(g),
 		newDumpCmd(g),

@@ -1,4 +1,4 @@
-# Sourced first by the /init of every VM test's guest (guest.sh, hold.sh): the filesystems
+# Sourced first by the /init of every VM test's guest (guest.sh, suspend.sh): the filesystems
 # busybox and eli need, the result lines, the power-off at exit, a hang guard, and the
 # modules the tests load (newGuest puts them in /lib/eli-modules, in load order).
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin

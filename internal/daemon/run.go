@@ -68,6 +68,7 @@ func Run(ctx context.Context, cfg *Setup, sd StateDir, p provider.Provider, mk *
 	sw := &statusWriter{sd: sd, v: v, name: cfg.Name, pid: rec.Pid, log: log}
 	sw.write()
 	registerOps(ctl, sw)
+	registerSuspendOps(ctl, srv, &cfg.Config, sw)
 	ctlDone := make(chan struct{})
 	go func() {
 		defer close(ctlDone)

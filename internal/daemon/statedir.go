@@ -48,8 +48,8 @@ type StateDir struct{ Path string }
 
 // States List gives besides a Status's.
 const (
-	StateStarting  = "starting"  // the process holds the name but has no record yet
-	StateSuspended = "suspended" // the process is stopped (SIGSTOP) and answers nothing
+	StateStarting = "starting" // the process holds the name but has no record yet
+	StateFrozen   = "frozen"   // the process is stopped (SIGSTOP, a debugger) and answers nothing
 )
 
 // Record describes one attached volume.
@@ -422,8 +422,9 @@ type Entry struct {
 	// Status is its last status, nil if it wrote none.
 	Status *volume.Status
 	// State is what the server is doing: a Status state (serving, degraded, failed,
-	// stopping), StateStarting before it has a record, or StateSuspended when its
-	// process is stopped (SIGSTOP, a debugger), which answers nothing until resumed.
+	// suspended, stopping), StateStarting before it has a record, or StateFrozen when
+	// its process is stopped (SIGSTOP, a debugger), which answers nothing until it is
+	// continued.
 	State string
 }
 
@@ -476,7 +477,7 @@ func (s StateDir) entry(name string, rec *Record) Entry {
 	}
 	switch {
 	case e.Pid != 0 && processStopped(e.Pid):
-		e.State = StateSuspended
+		e.State = StateFrozen
 	case e.Status != nil && e.Status.State == volume.StateStopped:
 		e.State = volume.StateStopping // its final status is written; it is letting go
 	case e.Status != nil:

@@ -1,16 +1,12 @@
 #!/bin/sh
-# /init of TestVMHoldDevice's guest (integration/vmhold_test.go). ext4 on kernel NBD
-# devices served by eli, whose servers are stopped (SIGSTOP) for a hold longer than the
-# kernel's 30 s timeouts while files are written, then continued: the kernel sees no reply
-# and no read of its sockets for the whole hold, as it will while eli is suspended. The
-# devices:
+# /init of TestVMSuspend's guest (integration/vmsuspend_test.go): ext4 on kernel NBD
+# devices served by 'eli attach --device', held for longer than the kernel's timeouts
+# while files are written:
 #
-#   main     connected by nbdhold, which raises the request timeout and the sockets'
-#            send timeout before the hold (nbdkernel.Device.SetTimeout) and restores them
-#            after it.
-#   nlonly   the same, but the raise changes only the request timeout (netlink,
-#            nbdkernel.SetRequestTimeout): the sockets keep their 30 s send timeout.
-#   control  'eli attach --device', nothing raised.
+#   main     'eli suspend' (its keys wiped, the device's timeouts raised, its requests
+#            held) for the hold, then 'eli resume'
+#   control  its server stopped (SIGSTOP) for the same hold, nothing raised: the hold
+#            fails the file system's I/O when the timeouts stay as they are
 #
 # It prints "ELI-RESULT key value..." lines and decides nothing itself.
 . /lib/eli-prelude.sh
@@ -19,39 +15,25 @@ for a in $(cat /proc/cmdline); do
 	case $a in eli.hold=*) hold=${a#eli.hold=} ;; esac
 done
 r hold "$hold"
-watchdog $((hold + 360))
+watchdog $((hold + 420))
 load_modules
 
 echo "vm test passphrase" >/tmp/pass
 eli() { /bin/eli "$@"; }
 pid() { grep -o '"pid": *[0-9]*' "$ELI_STATE_DIR/$1.json" | grep -o '[0-9]*$'; }
-# status NAME WORD: nbdhold's last status line for NAME that starts with WORD (waits 20 s).
-status() {
-	n=0
-	while ! grep -q "^$2" "/tmp/$1.status" 2>/dev/null && [ $n -lt 100 ]; do sleep 0.2; n=$((n + 1)); done
-	grep "^$2" "/tmp/$1.status" | tail -1
-}
-devs="main nlonly control"
+# field NAME KEY: a field of 'eli status --json NAME' (whatever its exit).
+field() { eli status --json "$1" 2>/dev/null | grep "\"$2\":" | head -1 | sed 's/^[^:]*: *//; s/[",]//g'; }
+io_timeout() { cat "/sys/block/$1/queue/io_timeout"; }
+devs="main control"
 dev_main=/dev/nbd0
-dev_nlonly=/dev/nbd1
-dev_control=/dev/nbd2
+dev_control=/dev/nbd1
 dev() { eval "echo \$dev_$1"; }
-holder() { eval "echo \$holder_$1"; }
 
 for d in $devs; do
 	eli init --passphrase-file /tmp/pass --kdf-time 1 --kdf-memory 8 --kdf-threads 1 --size 96M "/tmp/$d.img" >"/tmp/$d.init" 2>&1 || { r init_failed "$d"; cat "/tmp/$d.init"; exit 0; }
+	eli attach --passphrase-file /tmp/pass --name "$d" --device "$(dev $d)" --connections 2 "/tmp/$d.img" >"/tmp/$d.attach" 2>&1 || { r attach_failed "$d"; cat "/tmp/$d.attach"; exit 0; }
 done
-for d in main nlonly; do
-	eli attach --passphrase-file /tmp/pass --name "$d" "/tmp/$d.img" >"/tmp/$d.attach" 2>&1 || { r attach_failed "$d"; cat "/tmp/$d.attach"; exit 0; }
-	flag=
-	[ $d = nlonly ] && flag=-netlink-only
-	/bin/nbdhold -socket "$ELI_STATE_DIR/$d.sock" -device "$(dev $d)" -connections 2 -status "/tmp/$d.status" $flag 2>"/tmp/$d.nbdhold" &
-	eval "holder_$d=$!"
-	r "${d}_connected" $(status $d connected)
-	[ -n "$(status $d connected)" ] || { cat "/tmp/$d.nbdhold"; exit 0; }
-done
-eli attach --passphrase-file /tmp/pass --name control --device "$dev_control" --connections 2 /tmp/control.img >/tmp/control.attach 2>&1 || { r attach_failed control; cat /tmp/control.attach; exit 0; }
-r control_connected "$(cat /sys/block/nbd2/queue/io_timeout)"
+r main_connected "$(io_timeout nbd0)"
 
 dd if=/dev/urandom of=/tmp/src bs=1M count=16 2>/dev/null
 head -c 3000 /tmp/src >/tmp/small
@@ -63,22 +45,17 @@ for d in $devs; do
 	cp /tmp/src "/mnt/$d/before"
 done
 sync
-for d in main nlonly; do
-	kill -USR1 "$(holder $d)"
-	r "${d}_raised" $(status $d raised)
-done
-# A request keeps the timeout it started with: each server answers until its device has
-# had nothing in flight once since the raise (what a suspend's drain does), then stops.
-for d in $devs; do
-	nb=$(dev $d)
-	n=0
-	while [ "$(cat /sys/block/${nb#/dev/}/inflight | tr -d ' ')" != 00 ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
-	kill -STOP "$(pid $d)"
-	r "${d}_drained_in_ms" $((n * 100))
-done
+
+start=$(cut -d' ' -f1 /proc/uptime)
+eli suspend main >/tmp/suspend.out 2>&1
+r main_suspend_rc $?
+cat /tmp/suspend.out
+r main_suspend_took "$start" "$(cut -d' ' -f1 /proc/uptime)"
+r main_raised "$(io_timeout nbd0)"
+r main_state "$(field main state)"
+kill -STOP "$(pid control)"
 dmesg -c >/dev/null
 held_at=$(date +%s)
-r held "$(cut -d' ' -f1 /proc/uptime)"
 
 # Writes during the hold: a buffered file then fsync, O_DIRECT pieces of 1 MiB (each one
 # request larger than what a socket's buffer takes), and small files, each fsynced.
@@ -94,12 +71,20 @@ for d in $devs; do
 	for k in 1 2 3; do [ -e "/tmp/$d.rc$k" ] && n=$((n + 1)); done
 	r "${d}_finished_in_hold" $n
 done
+r main_held_state "$(field main state)" "$(field main held)"
 dmesg >/tmp/dmesg.hold
-for d in $devs; do
-	kill -CONT "$(pid $d)"
-done
 
-# main's writers end (150 s is a hang guard); the others' may wait on their dead device.
+# A wrong passphrase changes nothing; the right one resumes.
+echo "not the passphrase" >/tmp/wrong
+eli resume --passphrase-file /tmp/wrong main >/tmp/wrong.out 2>&1
+r main_wrong_rc $?
+r main_wrong_state "$(field main state)"
+eli resume --passphrase-file /tmp/pass main >/tmp/resume.out 2>&1
+r main_resume_rc $?
+cat /tmp/resume.out
+kill -CONT "$(pid control)"
+
+# main's writers end (150 s is a hang guard); control's may wait on its dead device.
 n=0
 while [ $n -lt 750 ]; do
 	left=0
@@ -108,11 +93,9 @@ while [ $n -lt 750 ]; do
 	sleep 0.2
 	n=$((n + 1))
 done
-r main_writers_after_hold_s $((n / 5))
-for d in main nlonly; do
-	kill -USR2 "$(holder $d)"
-	r "${d}_restored" $(status $d restored)
-done
+r main_writers_after_resume_s $((n / 5))
+r main_restored "$(io_timeout nbd0)"
+r main_state_after "$(field main state)"
 dmesg >/tmp/dmesg.all
 for d in $devs; do
 	nb=$(dev $d)
@@ -124,9 +107,7 @@ for d in $devs; do
 	r "${d}_dead" "$(grep -c "$nb: Dead connection" /tmp/dmesg.all)"
 done
 r hung_task_warnings "$(grep -c 'blocked for more than' /tmp/dmesg.all)"
-# The other two devices go: what still waits on them fails now instead of waiting for
-# connections that will not come back.
-kill "$(holder nlonly)"
+# The control goes: what still waits on it fails now.
 eli detach --force control >/dev/null 2>&1
 
 # main's files, read back from eli: what was written during the hold is there.
@@ -145,7 +126,10 @@ mount -t ext4 "$dev_main" /mnt/main
 dd if=/tmp/src of=/mnt/main/after bs=1M oflag=direct conv=fsync 2>/dev/null
 r main_after_rc $?
 umount /mnt/main
-kill "$(holder main)"
+echo "---- main's server log"
+tail -30 "$ELI_STATE_DIR/main.log" 2>/dev/null
+eli detach main >/tmp/detach.out 2>&1
+r main_detach_rc $?
 
 echo "---- dmesg (nbd, EXT4, hung tasks)"
 grep -e nbd -e EXT4 -e 'blocked for' /tmp/dmesg.all | head -40

@@ -1,0 +1,239 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/internal/control"
+	"github.com/elidisk/eli/keys"
+	"github.com/elidisk/eli/layout"
+	"github.com/elidisk/eli/nbdclient"
+	"github.com/elidisk/eli/provider"
+	"github.com/elidisk/eli/sector"
+	"github.com/elidisk/eli/volume"
+)
+
+// testVolume makes a volume of size bytes in mode in dir, with the passphrase "test".
+func testVolume(t testing.TB, dir string, size int64, mode sector.Mode) (string, layout.Layout, *keys.MasterKey) {
+	t.Helper()
+	path := filepath.Join(dir, "v.img")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+	p, err := provider.Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	l, err := layout.Plan(size, 4096, mode, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := blockdev.Format(p, l); err != nil {
+		t.Fatal(err)
+	}
+	kdf, err := keys.Fixed(1, 8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk, err := keys.Create(p, l, keys.Credentials{Passphrase: []byte("test")}, kdf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, l, mk
+}
+
+func copyKey(t testing.TB, mk *keys.MasterKey) *keys.MasterKey {
+	t.Helper()
+	c, err := keys.NewMasterKey(mk.VolumeID(), mk.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// liveStatus asks the server of name for its status over the control socket.
+func liveStatus(t *testing.T, sd StateDir, name string) volume.Status {
+	t.Helper()
+	var st volume.Status
+	if err := control.Call(context.Background(), sd.ControlSocket(name), OpStatus, nil, nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestRunSuspendResume: through the control socket, a served volume is suspended (its
+// status says so and since when), requests NBD clients send meanwhile are held, a resume
+// with a wrong key is refused and changes nothing, and the resume with the volume's key
+// answers every held request correctly; a server stopped while suspended fails what it
+// holds and loses nothing written before the suspend.
+func TestRunSuspendResume(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []sector.Mode{sector.Default, sector.ModeAESXTS256} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			path, _, mk := testVolume(t, t.TempDir(), 8<<20, mode)
+			defer mk.Wipe()
+			p, err := provider.Open(path, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			sd := StateDir{Path: shortDir(t)}
+			name := "s"
+			lock, err := sd.LockName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Release()
+			cfg := &Setup{Config: volume.Config{Name: name, Provider: path, Socket: sd.File(name, ".sock"), VolumeID: mk.VolumeID()}}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ready := make(chan *Record, 1)
+			done := make(chan error, 1)
+			go func() { done <- Run(ctx, cfg, sd, p, copyKey(t, mk), nil, func(r *Record) { ready <- r }) }()
+			select {
+			case <-ready:
+			case err := <-done:
+				t.Fatalf("Run: %v", err)
+			}
+			dial := func() *nbdclient.Client {
+				c, err := nbdclient.Dial("unix", cfg.Socket, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				return c
+			}
+			a, b := bytes.Repeat([]byte{0xa1}, 64<<10), bytes.Repeat([]byte{0xb2}, 64<<10)
+			c := dial()
+			if err := c.WriteAt(a, 0, false); err != nil {
+				t.Fatal(err)
+			}
+			// Not flushed: the suspend commits it.
+			if err := c.WriteAt(a, 1<<20, false); err != nil {
+				t.Fatal(err)
+			}
+			ctl := sd.ControlSocket(name)
+			var st volume.Status
+			if err := control.Call(ctx, ctl, OpSuspend, nil, nil, &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.State != volume.StateSuspended || st.SuspendedSince.IsZero() {
+				t.Fatalf("status after suspend: %+v", st)
+			}
+			if err := control.Call(ctx, ctl, OpSuspend, nil, nil, nil); !errors.Is(err, &control.Error{Code: CodeSuspended}) {
+				t.Fatalf("a second suspend: %v", err)
+			}
+
+			// Three clients send requests while the volume is suspended.
+			var returned atomic.Int32
+			results := make(chan error, 3)
+			got := make([]byte, len(a))
+			for i, f := range []func(*nbdclient.Client) error{
+				func(c *nbdclient.Client) error { return c.WriteAt(b, 64<<10, true) },
+				func(c *nbdclient.Client) error { return c.ReadAt(got, 0) },
+				func(c *nbdclient.Client) error { return c.Flush() },
+			} {
+				c := dial()
+				go func() {
+					err := f(c)
+					returned.Add(1)
+					if err != nil {
+						err = fmt.Errorf("request %d: %w", i, err)
+					}
+					results <- err
+				}()
+			}
+			deadline := time.Now().Add(time.Minute) // a hang guard
+			for liveStatus(t, sd, name).Held < 3 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the requests were not held: %+v", liveStatus(t, sd, name))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+
+			// A wrong key changes nothing.
+			wrong, err := keys.GenerateMasterKey()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer wrong.Wipe()
+			err = control.Call(ctx, ctl, OpResume, nil, wrong.Bytes(), nil)
+			if !errors.Is(err, &control.Error{Code: CodeWrongKey}) {
+				t.Fatalf("resume with a wrong key: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if st := liveStatus(t, sd, name); st.State != volume.StateSuspended || st.Held != 3 || returned.Load() != 0 {
+				t.Fatalf("after a wrong key: state %s, %d held, %d returned", st.State, st.Held, returned.Load())
+			}
+
+			if err := control.Call(ctx, ctl, OpResume, nil, mk.Bytes(), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.State != volume.StateServing {
+				t.Errorf("status after resume: %+v", st)
+			}
+			for range 3 {
+				if err := <-results; err != nil {
+					t.Error(err)
+				}
+			}
+			if !bytes.Equal(got, a) {
+				t.Error("a read held over the suspend returned other data")
+			}
+			if err := control.Call(ctx, ctl, OpResume, nil, mk.Bytes(), nil); !errors.Is(err, &control.Error{Code: CodeNotSuspended}) {
+				t.Fatalf("resume of a serving volume: %v", err)
+			}
+
+			// Suspended again, then stopped: the held write fails, what came before stays.
+			if err := control.Call(ctx, ctl, OpSuspend, nil, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			held := make(chan error, 1)
+			go func() { held <- dial().WriteAt(bytes.Repeat([]byte{0xcc}, 4096), 0, false) }()
+			for liveStatus(t, sd, name).Held < 1 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run stopped while suspended: %v", err)
+			}
+			if err := <-held; err == nil {
+				t.Error("a write held when the suspended server stopped succeeded")
+			}
+			v, err := volume.Open(p, copyKey(t, mk), volume.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v.Close()
+			if r := v.Recovery(); mode.Authenticated() && r.Journal != "empty" {
+				t.Errorf("journal %q after a stop while suspended, want empty", r.Journal)
+			}
+			all := make([]byte, 2<<20)
+			if err := v.ReadAt(all, 0); err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, 2<<20)
+			copy(want, a)
+			copy(want[64<<10:], b)
+			copy(want[1<<20:], a)
+			if mode.Authenticated() && !bytes.Equal(all, want) {
+				t.Error("the volume after a stop while suspended is not what was written")
+			} else if !bytes.Equal(all[:128<<10], want[:128<<10]) || !bytes.Equal(all[1<<20:1<<20+64<<10], a) {
+				t.Error("the written sectors after a stop while suspended are not what was written")
+			}
+		})
+	}
+}
