@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"github.com/elidisk/eli/integration/vm"
 )
@@ -85,28 +84,17 @@ Address=10.0.2.15/24
 Gateway=10.0.2.2
 `
 
-var (
-	agentOnce sync.Once
-	agentBin  string
-	agentErr  error
-)
-
-// buildAgent builds the guest agent once per process, statically linked.
-func buildAgent() (string, error) {
-	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sysvm-agent-")
-		if err != nil {
-			agentErr = err
-			return
-		}
-		agentBin = filepath.Join(dir, "eli-test-agent")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", agentBin, "github.com/elidisk/eli/integration/sysvm/agent")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			agentErr = fmt.Errorf("build the guest agent: %v\n%s", err, out)
-		}
-	})
-	return agentBin, agentErr
+// buildAgent builds the guest agent, statically linked, at dst.
+func buildAgent(dst string) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	cmd := exec.Command("go", "build", "-trimpath", "-o", dst, "github.com/elidisk/eli/integration/sysvm/agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("sysvm: build the guest agent: %v\n%s", err, out)
+	}
+	return nil
 }
 
 // BuildRoot makes the ext4 image of the guest's root file system at path: the cached
@@ -120,10 +108,6 @@ func BuildRoot(path string, a Assets, opts RootOptions) error {
 	size := opts.Size
 	if size == 0 {
 		size = 2 << 30
-	}
-	agent, err := buildAgent()
-	if err != nil {
-		return err
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(path), "rootfs-")
 	if err != nil {
@@ -148,7 +132,6 @@ func BuildRoot(path string, a Assets, opts RootOptions) error {
 		{Path: "/etc/fstab", Data: []byte(fstab)},
 		{Path: "/etc/systemd/journald.conf.d/sysvm.conf", Data: []byte("[Journal]\nStorage=persistent\n")},
 		{Path: "/etc/systemd/system/default.target", Symlink: "/lib/systemd/system/multi-user.target"},
-		{Path: agentPath, Src: agent, Mode: 0o755},
 		{Path: "/etc/systemd/system/eli-test-agent.service", Data: []byte(agentUnit)},
 		{Path: "/etc/systemd/system/sysinit.target.wants/eli-test-agent.service", Symlink: "../eli-test-agent.service"},
 	}
@@ -161,6 +144,9 @@ func BuildRoot(path string, a Assets, opts RootOptions) error {
 			File{Path: "/etc/systemd/system/multi-user.target.wants/systemd-networkd.service", Symlink: "/lib/systemd/system/systemd-networkd.service"},
 			File{Path: "/etc/systemd/system/sockets.target.wants/systemd-networkd.socket", Symlink: "/lib/systemd/system/systemd-networkd.socket"},
 			File{Path: "/etc/systemd/system/network-online.target.wants/systemd-networkd-wait-online.service", Symlink: "/lib/systemd/system/systemd-networkd-wait-online.service"})
+	}
+	if err := buildAgent(filepath.Join(tmp, agentPath)); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(filepath.Join(tmp, "var/log/journal"), 0o755); err != nil {
 		return err

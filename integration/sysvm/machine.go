@@ -280,6 +280,12 @@ func (m *Machine) Boot(ctx context.Context) (BootInfo, error) {
 }
 
 func (m *Machine) bootFailed(n int, err error) error {
+	m.mu.Lock()
+	qerr := m.exitErr
+	m.mu.Unlock()
+	if qerr != nil {
+		err = fmt.Errorf("%w (qemu: %v)", err, qerr)
+	}
 	return fmt.Errorf("sysvm: boot %d: %w\nconsole (end):\n%s", n, err, tail(m.Console(), 4000))
 }
 
