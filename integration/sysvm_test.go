@@ -25,27 +25,8 @@ func TestSysVMPowerCut(t *testing.T) {
 	// A hang guard, not a timing assertion: four boots take a few minutes under TCG.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	run := func(script string) string {
-		t.Helper()
-		r, err := m.Run(ctx, script)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.RC != 0 {
-			t.Fatalf("guest script failed: %s\nscript:\n%s", r, script)
-		}
-		return strings.TrimSpace(string(r.Stdout))
-	}
-	boot := func() {
-		t.Helper()
-		info, err := m.Boot(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.State != "running" {
-			t.Fatalf("boot %d: system %s:\n%s", m.Boots(), info.State, run("systemctl --failed --no-legend; journalctl -b -p warning --no-pager | tail -50"))
-		}
-	}
+	g := guest{t, m, ctx}
+	run, boot := g.run, g.boot
 
 	boot()
 	t.Logf("boot 1: %s", run("systemd-analyze"))
@@ -65,9 +46,7 @@ systemctl start data.mount`)
 
 	// A clean reboot: the file system is unmounted, the disk keeps its cache (the
 	// power stays on), fstab mounts it at the next boot.
-	if _, err := m.Reboot(ctx); err != nil {
-		t.Fatal(err)
-	}
+	g.reboot()
 	if run("systemctl is-active data.mount") != "active" {
 		t.Fatalf("fstab did not mount /data at boot")
 	}
@@ -137,5 +116,49 @@ systemctl start data.mount`)
 		if out, err := exec.Command(fsck, "-fn", d.Path()).CombinedOutput(); err != nil {
 			t.Errorf("e2fsck -fn %s after a clean power-off: %v\n%s", d.Path(), err, out)
 		}
+	}
+}
+
+// guest runs a test's steps on a sysvm machine, failing the test when one fails.
+type guest struct {
+	t   *testing.T
+	m   *sysvm.Machine
+	ctx context.Context
+}
+
+// run runs script in the guest and returns its standard output, trimmed; a script that
+// fails fails the test.
+func (g guest) run(script string) string {
+	g.t.Helper()
+	r, err := g.m.Run(g.ctx, script)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	if r.RC != 0 {
+		g.t.Fatalf("guest script failed: %s\nscript:\n%s", r, script)
+	}
+	return strings.TrimSpace(string(r.Stdout))
+}
+
+// boot boots the machine and requires every unit to have started.
+func (g guest) boot() {
+	g.t.Helper()
+	g.check(g.m.Boot(g.ctx))
+}
+
+// reboot reboots the machine cleanly and requires every unit to have started.
+func (g guest) reboot() {
+	g.t.Helper()
+	g.check(g.m.Reboot(g.ctx))
+}
+
+func (g guest) check(info sysvm.BootInfo, err error) {
+	g.t.Helper()
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	if info.State != "running" {
+		g.t.Fatalf("boot %d: system %s:\n%s", g.m.Boots(), info.State,
+			g.run("systemctl --failed --no-legend; journalctl -b -p warning --no-pager | tail -50"))
 	}
 }

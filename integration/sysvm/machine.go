@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/elidisk/eli/integration/vm"
@@ -227,6 +228,8 @@ func (m *Machine) Boot(ctx context.Context) (BootInfo, error) {
 		args = append(args, "-nic", "user,model=virtio-net-pci,restrict=on")
 	}
 	cmd := exec.Command(m.cfg.QEMU, args...)
+	// qemu dies with the test, also when a test times out and its cleanups never run.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var qout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &qout, &qout
 	m.cfg.Logf("boot %d: starting qemu", n)
