@@ -146,10 +146,14 @@ func (g guest) boot() {
 	g.check(g.m.Boot(g.ctx))
 }
 
-// reboot reboots the machine cleanly and requires every unit to have started.
+// reboot reboots the machine cleanly and requires every unit to have started. A
+// shutdown that hangs (a stop job with no time limit) fails the test after a bound far
+// above a slow boot's, with the console that shows what it waited for.
 func (g guest) reboot() {
 	g.t.Helper()
-	g.check(g.m.Reboot(g.ctx))
+	ctx, cancel := context.WithTimeout(g.ctx, 8*time.Minute)
+	defer cancel()
+	g.check(g.m.Reboot(ctx))
 }
 
 func (g guest) check(info sysvm.BootInfo, err error) {
