@@ -65,7 +65,7 @@ func TestSysVMAttachAtBoot(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	g := guest{t, m, ctx}
+	g := sysGuest{t, m, ctx}
 	run := g.run
 	vols := []string{"data", "home", "remote"}
 	mounts := []string{"mnt-data.mount", "mnt-home.mount", "mnt-remote.mount"}

@@ -25,7 +25,7 @@ func TestSysVMPowerCut(t *testing.T) {
 	// A hang guard, not a timing assertion: four boots take a few minutes under TCG.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	g := guest{t, m, ctx}
+	g := sysGuest{t, m, ctx}
 	run, boot := g.run, g.boot
 
 	boot()
@@ -119,8 +119,8 @@ systemctl start data.mount`)
 	}
 }
 
-// guest runs a test's steps on a sysvm machine, failing the test when one fails.
-type guest struct {
+// sysGuest runs a test's steps on a sysvm machine, failing the test when one fails.
+type sysGuest struct {
 	t   *testing.T
 	m   *sysvm.Machine
 	ctx context.Context
@@ -128,7 +128,7 @@ type guest struct {
 
 // run runs script in the guest and returns its standard output, trimmed; a script that
 // fails fails the test.
-func (g guest) run(script string) string {
+func (g sysGuest) run(script string) string {
 	g.t.Helper()
 	r, err := g.m.Run(g.ctx, script)
 	if err != nil {
@@ -141,7 +141,7 @@ func (g guest) run(script string) string {
 }
 
 // boot boots the machine and requires every unit to have started.
-func (g guest) boot() {
+func (g sysGuest) boot() {
 	g.t.Helper()
 	g.check(g.m.Boot(g.ctx))
 }
@@ -149,14 +149,14 @@ func (g guest) boot() {
 // reboot reboots the machine cleanly and requires every unit to have started. A
 // shutdown that hangs (a stop job with no time limit) fails the test after a bound far
 // above a slow boot's, with the console that shows what it waited for.
-func (g guest) reboot() {
+func (g sysGuest) reboot() {
 	g.t.Helper()
 	ctx, cancel := context.WithTimeout(g.ctx, 8*time.Minute)
 	defer cancel()
 	g.check(g.m.Reboot(ctx))
 }
 
-func (g guest) check(info sysvm.BootInfo, err error) {
+func (g sysGuest) check(info sysvm.BootInfo, err error) {
 	g.t.Helper()
 	if err != nil {
 		g.t.Fatal(err)
