@@ -195,9 +195,19 @@ func TestKill9UnderLoad(t *testing.T) {
 			}
 			for range kills {
 				time.Sleep(400 * time.Millisecond)
+				before := r.Reconnections()
 				srv.kill()
 				time.Sleep(150 * time.Millisecond)
 				srv.start()
+				// The next kill waits for the writers to have reconnected: a kill during
+				// a slow reconnection (a TLS handshake on a loaded machine) would fold two
+				// kills into one reconnection. A hang guard, not a timing assertion.
+				for deadline := time.Now().Add(time.Minute); r.Reconnections() == before; {
+					if time.Now().After(deadline) {
+						t.Fatalf("no reconnection within a minute of restart %d", before+1)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
 			}
 			time.Sleep(400 * time.Millisecond)
 			stop.Store(true)
