@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"crypto/sha256"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -41,7 +44,39 @@ func TestScriptRunsEveryStep(t *testing.T) {
 	}
 	write("scripts/test", string(script), 0o755)
 	write("integration/x_test.go", "package integration\n", 0o644)
+	// A complete VM cache: the kernel, its uncompressed twin, every module tree and list
+	// the script looks for, and sysvm's root file system under the name the script
+	// computes from the files that make it.
 	write("vm/linux-fake/vmlinuz", "", 0o644)
+	write("vm/linux-fake/vmlinux", "", 0o644)
+	for _, list := range []string{"kpaths", "kfiles"} {
+		m := regexp.MustCompile(`(?m)^` + list + `="([^"]*)"`).FindStringSubmatch(string(script))
+		if m == nil {
+			t.Fatalf("scripts/test sets no %s", list)
+		}
+		for _, p := range strings.Fields(m[1]) {
+			if list == "kpaths" {
+				p = "kernel/" + p
+			}
+			if err := os.MkdirAll(filepath.Join(root, "vm/linux-fake", filepath.Dir(p)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			write("vm/linux-fake/"+p, "", 0o644)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(root, "integration/sysvm"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	key := sha256.New()
+	for _, f := range []string{"sysvm/rootfs.packages", "sysvm/mkrootfs.sh"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key.Write(b)
+		write("integration/"+f, string(b), 0o755)
+	}
+	write(fmt.Sprintf("vm/debian-bookworm-%x.tar", key.Sum(nil)[:8]), "", 0o644)
 	log := filepath.Join(root, "go.log")
 	// The fake go: "list" prints one package; "test -race" (the unit step) fails.
 	write("bin/go", `#!/bin/sh
