@@ -14,7 +14,7 @@ import (
 )
 
 // Remote is an NBD export as random-access storage (the method set of eli's
-// provider.Provider, and Punch). It is safe for concurrent use: requests from all
+// provider.Provider, with the Punch of its Capabilities). It is safe for concurrent use: requests from all
 // callers are pipelined over one or more connections, and a lost connection is
 // re-established (see the package documentation for what is re-sent and in what order).
 //
