@@ -16,8 +16,9 @@ import (
 // which goroutine, and how. Commits run one at a time, in order, in whichever goroutine
 // finds one due: the committer goroutine (loop), or a Flush or FUA write that finds no
 // commit running (waitDurable). A flush that commits its own batch saves waking the
-// committer and being woken back: on a VM, a third of the CPU time of a lone write and
-// its flush on tmpfs (docs/benchmarks.md, "Measurements behind design choices").
+// committer and being woken back, a large share of what a lone write and its flush cost
+// where waking a thread is dear (a VM): BenchmarkWriteFlush measures it
+// (docs/benchmarks.md, "Measurements behind design choices").
 //
 // A commit writes each round's journal, syncs, writes data, records and tree nodes in
 // place and syncs (commit); what a format version adds to a round, its freshness does
@@ -464,8 +465,9 @@ func (c *committer) patchRound(blocks []*mblock, jes []journalEntry, leaves []tr
 	return leaves
 }
 
-// digestChunk is how many blocks' digests a worker takes at once: each costs about a
-// microsecond, handing work to another thread several on a VM.
+// digestChunk is how many blocks' digests a worker takes at once: one digest (tree's
+// BenchmarkBlockDigest) costs a fraction of handing work to another thread on a VM
+// (docs/benchmarks.md, "Measurements behind design choices").
 const digestChunk = 16
 
 // writeJournal seals entries into the next journal write (in version 2 the next
