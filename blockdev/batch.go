@@ -400,9 +400,9 @@ func (b *batcher) failLocked(err error) {
 // at some speed w and waits about syncTime regardless of size, so a batch of 9·syncTime·w
 // keeps the syncs to a tenth of the time. Where they are quick (tmpfs, a disk with a
 // write cache), batches stay small, and so does the memory they cycle through: sealing
-// into a small ring that stays in cache is faster than into a large one, and so are the
-// device's writes with a small bound (docs/benchmarks.md, "Measurements behind design
-// choices").
+// into a small ring that stays in cache is faster than into a large one (sector's
+// BenchmarkSealRunDestination), and so are the device's writes with a small bound
+// (docs/benchmarks.md, "Measurements behind design choices").
 func (b *batcher) adaptLimit(bytes int64, took, syncTime time.Duration) {
 	if b.fixedLimit {
 		// Over a network provider every step of a commit is a round trip, the writes'

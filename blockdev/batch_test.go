@@ -132,8 +132,8 @@ func (p heldSync) Sync() error { p.mu.Lock(); p.mu.Unlock(); return nil }
 
 // TestFullBatchesRecycleSlabs: when a full batch waits for a full batch that is
 // committing, and both then commit, every slab goes back to the pool and later such loads
-// make no new one. (A pool that kept one batch's worth dropped the rest: 14% of a
-// sequential load's slabs were new ones, faulted in, zeroed and collected.)
+// make no new one. (A pool that kept one batch's worth would drop the rest, and a
+// sequential load would fault in, zero and collect new slabs: docs/benchmarks.md.)
 func TestFullBatchesRecycleSlabs(t *testing.T) {
 	const sectors = 1 << 16 // 32 MiB of 512-byte sectors
 	v := newTestVol(t, sector.ModeXChaCha20Poly1305, 512, sectors)

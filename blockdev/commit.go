@@ -16,8 +16,9 @@ import (
 // which goroutine, and how. Commits run one at a time, in order, in whichever goroutine
 // finds one due: the committer goroutine (loop), or a Flush or FUA write that finds no
 // commit running (waitDurable). A flush that commits its own batch saves waking the
-// committer and being woken back: on a VM, a third of the CPU time of a lone write and
-// its flush on tmpfs (docs/benchmarks.md, "Measurements behind design choices").
+// committer and being woken back, a large share of what a lone write and its flush cost
+// where waking a thread is dear (a VM): BenchmarkWriteFlush measures it
+// (docs/benchmarks.md, "Measurements behind design choices").
 //
 // A commit writes each round's journal, syncs, writes data, records and tree nodes in
 // place and syncs (commit); what a format version adds to a round, its freshness does
@@ -464,8 +465,9 @@ func (c *committer) patchRound(blocks []*mblock, jes []journalEntry, leaves []tr
 	return leaves
 }
 
-// digestChunk is how many blocks' digests a worker takes at once: each costs about a
-// microsecond, handing work to another thread several on a VM.
+// digestChunk is how many blocks' digests a worker takes at once: one digest (tree's
+// BenchmarkBlockDigest) costs a fraction of handing work to another thread on a VM
+// (docs/benchmarks.md, "Measurements behind design choices").
 const digestChunk = 16
 
 // writeJournal seals entries into the next journal write (in version 2 the next
@@ -487,7 +489,7 @@ func (c *committer) writeJournal(entries []journalEntry) error {
 // written in parallel where the provider takes parallel writes: the kernel's copy into
 // the page cache is a good part of a write's cost.
 func (c *committer) writeData(refs []ref) error {
-	puncher := c.puncher
+	puncher := c.caps.Punch
 	s := c.s
 	ops := c.scratch.dataOps[:0]
 	defer func() { c.scratch.dataOps = ops }()
@@ -525,7 +527,7 @@ func (c *committer) writeData(refs []ref) error {
 				if _, err := c.p.WriteAt(op.data, op.pos); err != nil {
 					return fmt.Errorf("write sectors %d-%d: %w", op.first, op.first+uint64(op.n-1), err)
 				}
-			} else if err := puncher.Punch(op.pos, int64(op.n*s)); err != nil {
+			} else if err := puncher(op.pos, int64(op.n*s)); err != nil {
 				return fmt.Errorf("punch sectors %d-%d: %w", op.first, op.first+uint64(op.n-1), err)
 			}
 		}
@@ -535,7 +537,8 @@ func (c *committer) writeData(refs []ref) error {
 		return eachConcurrently(len(ops), func(k int) error { return do(ops[k : k+1]) })
 	}
 	if c.caps.SerialWrites {
-		// Parallel writes would wait for each other in the kernel (provider.SerialWriter),
+		// Parallel writes would wait for each other in the kernel
+		// (provider.Capabilities.SerialWrites),
 		// and spin meanwhile: leave the other cores to seal the next batch.
 		return do(ops)
 	}
@@ -584,8 +587,8 @@ func (c *committer) writeBlock(blk *mblock) error {
 	pos := c.geo.blockPos(blk.g)
 	var done bool
 	var err error
-	if lo, hi := blk.wlo, blk.whi; c.mapped != nil && hi > lo && blk.writes >= c.blockPwrites {
-		done, err = c.mapped.WriteMapped(blk.data[lo:hi], pos+int64(lo))
+	if lo, hi := blk.wlo, blk.whi; c.caps.WriteMapped != nil && hi > lo && blk.writes >= c.blockPwrites {
+		done, err = c.caps.WriteMapped(blk.data[lo:hi], pos+int64(lo))
 	}
 	if !done {
 		_, err = c.p.WriteAt(blk.data, pos)
@@ -656,8 +659,8 @@ func (c *committer) writeNodes(commits []*tree.Commit) error {
 // copies them into a mapping instead of making a system call: on tmpfs that takes most
 // of the cost of a lone random write's metadata off it (docs/benchmarks.md).
 func (c *core) writeTearable(b []byte, off int64) error {
-	if c.mapped != nil {
-		if ok, err := c.mapped.WriteMapped(b, off); ok {
+	if c.caps.WriteMapped != nil {
+		if ok, err := c.caps.WriteMapped(b, off); ok {
 			return err
 		}
 	}
@@ -667,11 +670,11 @@ func (c *core) writeTearable(b []byte, off int64) error {
 
 // readOnce reads what a cache will keep (a metadata block, a tree node): by system call
 // where the provider would read through a mapping, whose first touch of a page costs
-// more than the read (provider.OnceReader).
+// more than the read (provider.Capabilities.ReadOnce).
 func (c *core) readOnce(b []byte, off int64) error {
 	var err error
-	if c.once != nil {
-		_, err = c.once.ReadOnce(b, off)
+	if c.caps.ReadOnce != nil {
+		_, err = c.caps.ReadOnce(b, off)
 	} else {
 		_, err = c.p.ReadAt(b, off)
 	}

@@ -21,7 +21,7 @@ type slowShared struct {
 }
 
 func (s *slowShared) Capabilities() provider.Capabilities {
-	return provider.Capabilities{Shared: true, Punch: true, AtomicWrite: 4096}
+	return provider.Capabilities{Shared: true, Punch: s.memProvider.Punch, AtomicWrite: 4096}
 }
 
 func (s *slowShared) WriteAt(b []byte, off int64) (int, error) {

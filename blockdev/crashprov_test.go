@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+
+	"github.com/elidisk/eli/provider"
 )
 
 // recorder is a provider that records every write, punch and sync, so that a test can
@@ -89,6 +91,10 @@ func (r *recorder) WriteMapped(b []byte, off int64) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return true, r.record(ioEvent{kind: evWrite, off: off, data: bytes.Clone(b), mapped: true})
+}
+
+func (r *recorder) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Punch: r.Punch, WriteMapped: r.WriteMapped}
 }
 
 func (r *recorder) Punch(off, n int64) error {

@@ -161,15 +161,13 @@ type engine interface {
 // core is what the Device and its engine share: the provider, the layout's numbers, the
 // keys, scratch buffers, the worker pool, the stripe locks and the counters.
 type core struct {
-	p       provider.Provider
-	caps    provider.Capabilities
-	puncher provider.Puncher // nil unless caps.Punch
-	// mapped writes the journal, metadata blocks and tree nodes where the provider can
-	// without a system call (writeTearable); nil if it cannot.
-	mapped provider.MappedWriter
-	// once reads metadata blocks and tree nodes, which the caches keep, by system call
-	// where ReadAt would go through a mapping; nil if the provider has no such choice.
-	once provider.OnceReader
+	p provider.Provider
+	// caps are p's, asked once at Open. Of its operations, Punch trims and zeroes,
+	// WriteMapped writes the journal, metadata blocks and tree nodes where the provider
+	// can without a system call (writeTearable), and ReadOnce reads metadata blocks and
+	// tree nodes, which the caches keep, by system call where ReadAt would go through a
+	// mapping; each is nil where the provider has no such operation.
+	caps provider.Capabilities
 	l    Layout
 	geo  geometry // l's numbers, for the per-sector paths
 	keys keyring
@@ -223,11 +221,6 @@ func Open(p provider.Provider, cfg Config) (*Device, error) {
 		keys: keyring{cur: cur},
 		s:    l.SectorSize, size: l.Size(),
 	}}
-	if d.caps.Punch {
-		d.puncher = p.(provider.Puncher)
-	}
-	d.mapped, _ = p.(provider.MappedWriter)
-	d.once, _ = p.(provider.OnceReader)
 	d.pieceSectors = max(1, (1<<20)/d.s)
 	d.chunkSectors = max(1, (64<<10)/d.s)
 	d.ioPiece = max(1, (256<<10)/d.s)

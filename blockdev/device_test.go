@@ -321,7 +321,7 @@ func TestFormatWithoutPunch(t *testing.T) {
 
 type noPunch struct{ *memProvider }
 
-func (noPunch) Punch() {} // shadows memProvider.Punch with a different signature
+func (noPunch) Capabilities() provider.Capabilities { return provider.Capabilities{} }
 
 // TestCacheBounded writes across many groups with a cache of four blocks: the cache never
 // holds more, and commits split into rounds that fit it.
@@ -383,7 +383,7 @@ func TestCacheWarm(t *testing.T) {
 }
 
 // serialProvider counts the WriteAt calls in flight, and says whether it asks for serial
-// writes (provider.SerialWriter).
+// writes (provider.Capabilities.SerialWrites).
 type serialProvider struct {
 	*memProvider
 	serial         bool
@@ -391,7 +391,9 @@ type serialProvider struct {
 	writes         atomic.Int64
 }
 
-func (p *serialProvider) SerialWrites() bool { return p.serial }
+func (p *serialProvider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{SerialWrites: p.serial, Punch: p.memProvider.Punch}
+}
 
 func (p *serialProvider) WriteAt(b []byte, off int64) (int, error) {
 	n := p.inFlight.Add(1)
@@ -478,6 +480,10 @@ func (p *onceProvider) ReadOnce(b []byte, off int64) (int, error) {
 func (p *onceProvider) WriteAt(b []byte, off int64) (int, error) {
 	p.note(&p.writeAt, off)
 	return p.memProvider.WriteAt(b, off)
+}
+
+func (p *onceProvider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Punch: p.memProvider.Punch, ReadOnce: p.ReadOnce, WriteMapped: p.WriteMapped}
 }
 
 func (p *onceProvider) WriteMapped(b []byte, off int64) (bool, error) {

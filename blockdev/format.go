@@ -27,17 +27,15 @@ func Format(p provider.Provider, l Layout) error {
 	}
 	end := l.DataOffset + l.Span()
 	caps := provider.CapabilitiesOf(p)
-	canPunch := caps.Punch
-	pu, _ := p.(provider.Puncher)
-	if canPunch && !caps.BlockDevice {
-		if err := pu.Punch(l.JournalOffset(), end-l.JournalOffset()); err != nil {
+	if caps.Punch != nil && !caps.BlockDevice {
+		if err := caps.Punch(l.JournalOffset(), end-l.JournalOffset()); err != nil {
 			return fmt.Errorf("format: %w", err)
 		}
 		return syncFormat(p)
 	}
 	zero := func(off, n int64) error {
-		if canPunch {
-			return pu.Punch(off, n)
+		if caps.Punch != nil {
+			return caps.Punch(off, n)
 		}
 		for n > 0 {
 			k := min(n, int64(len(zeroBuf)))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/elidisk/eli/internal/cputime"
 	"github.com/elidisk/eli/layout"
+	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
 )
 
@@ -217,6 +218,10 @@ func (m *sparseMem) WriteAt(b []byte, off int64) (int, error) {
 		done += n
 	}
 	return len(b), nil
+}
+
+func (m *sparseMem) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Punch: m.Punch}
 }
 
 // Punch zeroes; on an empty map (Format of a new volume) it costs nothing.

@@ -68,6 +68,10 @@ func (m *memProvider) Punch(off, n int64) error {
 
 func (m *memProvider) Sync() error { return nil }
 
+func (m *memProvider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Punch: m.Punch}
+}
+
 func (m *memProvider) snapshot() []byte {
 	m.mu.RLock()
 	defer m.mu.RUnlock()

@@ -215,7 +215,7 @@ func (e *plainEngine) writePartial(i uint64, o int, part []byte) error {
 // trim punches whole sectors out where the provider can; a trim is advisory, so
 // elsewhere it does nothing.
 func (e *plainEngine) trim(first, n uint64, flags Flags) error {
-	if e.puncher == nil {
+	if e.caps.Punch == nil {
 		return nil
 	}
 	if e.re != nil {
@@ -224,7 +224,7 @@ func (e *plainEngine) trim(first, n uint64, flags Flags) error {
 		}
 		defer e.re.leave()
 	}
-	if err := e.puncher.Punch(e.geo.dataPos(first), int64(n)*int64(e.s)); err != nil {
+	if err := e.caps.Punch(e.geo.dataPos(first), int64(n)*int64(e.s)); err != nil {
 		return fmt.Errorf("trim sectors %d-%d: %w", first, first+n-1, err)
 	}
 	e.wrote()
@@ -242,9 +242,9 @@ func (e *plainEngine) writeZeroes(off, length int64, flags Flags) error {
 		return err
 	}
 	defer leave()
-	pu := e.puncher
+	punch := e.caps.Punch
 	s := int64(e.s)
-	canPunch := pu != nil && e.keys.cur.codec.Mode() == sector.ModeNone && e.re == nil && flags&NoHole == 0
+	canPunch := punch != nil && e.keys.cur.codec.Mode() == sector.ModeNone && e.re == nil && flags&NoHole == 0
 	if flags&FastZero != 0 && (!canPunch || off%s != 0 || length%s != 0) {
 		return ErrSlowZero
 	}
@@ -264,7 +264,7 @@ func (e *plainEngine) writeZeroes(off, length int64, flags Flags) error {
 		if canPunch {
 			n = length / s
 			e.locks.lock(i, uint64(n))
-			err := pu.Punch(e.geo.dataPos(i), n*s)
+			err := punch(e.geo.dataPos(i), n*s)
 			e.locks.unlock(i, uint64(n))
 			if err != nil {
 				return fmt.Errorf("zero sectors %d-%d: %w", i, i+uint64(n-1), err)

@@ -58,8 +58,9 @@ func (w *workers) stop() {
 // before it parks. A reader that issues one request at a time sends the next within
 // microseconds, while a parked thread takes longer than that to wake on a VM, and the
 // request waits for it with one core idle. Writes do not spin: there the pool's cores
-// are better left to the caller and the committer: spinning after writes as well made
-// writes one at a time slower (docs/benchmarks.md, "Measurements behind design choices").
+// are better left to the caller and the committer: spinning after writes as well makes
+// writes one at a time slower (BenchmarkDeviceVsRaw, qd=1; docs/benchmarks.md,
+// "Measurements behind design choices").
 const spinFor = 30 * time.Microsecond
 
 // poll waits for the next task, spinning (and yielding to other goroutines) for spinFor

@@ -76,8 +76,8 @@ func TestCalibrate(t *testing.T) {
 	if short.MemoryKiB != 8192 || short.Threads != 1 || short.Time < 1 || short.Validate() != nil {
 		t.Errorf("Calibrate(20ms, 8 MiB, 1) = %+v", short)
 	}
-	// How many passes a target buys depends on the machine's load while it measures (a pass
-	// that took over 270ms on a busy CI machine made 400ms buy a single pass), so on the
+	// How many passes a target buys depends on the machine's load while it measures (on a
+	// busy CI machine a pass can take so long that 400ms buys a single one), so on the
 	// real clock only validity is checked; TestCalibrateModel checks the arithmetic.
 	if long.MemoryKiB != 8192 || long.Threads != 1 || long.Validate() != nil {
 		t.Errorf("Calibrate(400ms, 8 MiB, 1) = %+v", long)

@@ -34,11 +34,11 @@ import (
 // machine load, which on a shared machine moves more than the servers differ), and each
 // server's CPU time per MB or per I/O, a steadier measure of cost.
 //
-// On a quiet machine the two are level. On a busy one (load above the core count) 4 KiB
-// random writes are bimodal for this server: some runs take about four context switches
-// per I/O instead of one, and two to three times the CPU, as the Go scheduler parks and
-// wakes threads between the reader and the workers; the I/O path itself is unchanged
-// (profiled: syscalls are >90% of the server's CPU in both modes).
+// On a busy machine (load above the core count) 4 KiB random writes are bimodal for this
+// server: some runs take several context switches per I/O instead of one, and much
+// more CPU, as the Go scheduler parks and wakes threads between the reader and the
+// workers; the I/O path itself is the same in both (profiled: system calls are nearly
+// all of the server's CPU in either).
 func BenchmarkVsNbdkit(b *testing.B) {
 	for _, tool := range []string{"nbdkit", "nbdcopy", "fio"} {
 		if _, err := exec.LookPath(tool); err != nil {

@@ -187,14 +187,14 @@ func TestIODeadlines(t *testing.T) {
 // fill the shared pool with requests of 1, 2, 4, 32 or 64 MiB; a well-behaved client's
 // 64 MiB WRITE and READ (the advertised maximum) and 4 MiB READ are still served. In
 // "held", the server never drops the stallers (an IOTimeout of an hour), so only the way
-// large requests are served, not a deadline, can let the client through: before requests
-// were streamed it waited for the hour. In "reconnecting", they are dropped about two
-// seconds after they stall and come back at once, and the client starts once every one
-// of them has been dropped and is back. The bound each request must meet is its
-// connection's deadline, two minutes: far from the hour, and generous, since a loaded
-// machine under the race detector has taken 14 s to move the 64 MiB without any attack;
-// the times are logged (BenchmarkReadUnderAttack measures them). The server's pool is
-// its smallest (MaxRequest), so that a few stallers fill it.
+// large requests are served, not a deadline, can let the client through: a server that
+// did not stream them would keep it waiting for the hour. In "reconnecting", they are
+// dropped about two seconds after they stall and come back at once, and the client
+// starts once every one of them has been dropped and is back. The bound each request
+// must meet is its connection's deadline, two minutes: far from the hour, and generous,
+// since a loaded machine under the race detector can take many seconds to move the
+// 64 MiB without any attack; the times are logged (BenchmarkReadUnderAttack measures
+// them). The server's pool is its smallest (MaxRequest), so that a few stallers fill it.
 func TestStallersDoNotDelayLargeRequests(t *testing.T) {
 	t.Parallel()
 	// A period that is no multiple of a piece, so that a misplaced piece shows.

@@ -31,9 +31,10 @@ import (
 
 const (
 	// inlineMax is the largest READ or WRITE the reader runs itself. Up to here the
-	// hand-off it saves (tens of microseconds on a VM) is worth more than what a request
-	// sent meanwhile may wait: the inline request's own time, under a millisecond for
-	// 1 MiB on tmpfs (docs/benchmarks.md, "Measurements behind design choices").
+	// hand-off it saves (dear on a VM) is worth more than what a request sent meanwhile
+	// may wait: the inline request's own time, which for 1 MiB on tmpfs is within
+	// handOnAfter (docs/benchmarks.md, "Measurements behind design choices": fio at
+	// queue depth 1, and requests of 256 KiB and 1 MiB).
 	inlineMax = 1 << 20
 	// handOnAfter is how long an inline request runs before the reading is handed on;
 	// the watch that notices it may take as long again.

@@ -17,10 +17,10 @@ import (
 // holds or has room for, at most its buffer's size, and returns. Told of every call, the
 // runtime wakes its monitor thread (sysmon) whenever one starts while the server was
 // idle, and the monitor then polls every 20 µs for a millisecond or more; on a VM each of
-// its sleeps costs a hypervisor exit. Under nbdcopy into eli none on tmpfs that was 2.2 k
-// to 3.0 k sleeps per GiB; with this and provider's raw system calls on tmpfs
-// (provider/rawio.go), about 0.5 k, and the server's CPU per GB fell by about a fifth
-// (docs/benchmarks.md, "Measurements behind design choices").
+// its sleeps costs a hypervisor exit. With this and provider's raw system calls on tmpfs
+// (provider/rawio.go), a copy into eli none wakes the monitor a fraction as often, and
+// the server spends less CPU per GB (docs/benchmarks.md, "Measurements behind design
+// choices", counted with perf's syscall tracepoints).
 type rawConn struct {
 	net.Conn
 	rc syscall.RawConn

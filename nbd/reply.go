@@ -68,8 +68,9 @@ const (
 	// maxGathered is how many replies wait for a later one at most. Under fio's random
 	// 4 KiB writes at queue depth 32, 4, 8 and 16 did alike (alternating rounds, eli
 	// none and the default mode); BenchmarkServer's pipelining client, which shares the
-	// server's two cores and runtime, wrote 4 KiB in 2.0–2.2 µs with 8, 3.0–3.8 with 16
-	// and 2.7 without gathering, since bursts of 16 replies leave it idle between them.
+	// server's cores and runtime, writes 4 KiB faster with 8 than without gathering, and
+	// slower with 16 than without, since bursts of 16 replies leave it idle between them
+	// (docs/benchmarks.md, "Measurements behind design choices").
 	maxGathered = 8
 	// gatherBound is how long a reply waits for a later one at most; the watch that
 	// notices it may take as long again.

@@ -7,7 +7,8 @@ import (
 
 // Copies of writes kept for replay come from pools by power-of-two size, so that a
 // stream of writes reuses a few buffers instead of allocating (and zeroing and faulting
-// in) a new one each time: fresh buffers halved sequential write throughput.
+// in) a new one each time, which costs sequential writes much of their throughput
+// (BenchmarkRemoteVsDirect; docs/benchmarks.md, "Measurements behind design choices").
 const (
 	minPoolShift = 12 // 4 KiB
 	maxPoolShift = 25 // 32 MiB (MaxRequest)

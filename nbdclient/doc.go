@@ -12,11 +12,11 @@
 // ones that break its minimum block size, and bounds memory: the bytes in flight
 // (Options.MaxInFlight), the copies kept for replay (Options.ReplayLimit), and every
 // length a server sends, which is checked against the request it answers before any
-// byte is read into a buffer. Its method set is that of eli's provider.Provider and
-// provider.Puncher: ReadAt, WriteAt, Sync (an NBD_CMD_FLUSH, answered only once the
-// server acknowledged it), Punch (NBD_CMD_WRITE_ZEROES, or written zeroes where the
-// export takes none), Size and Close. Concurrent writes to overlapping ranges have no
-// defined order, as on any disk and in NBD itself.
+// byte is read into a buffer. Its method set is that of eli's provider.Provider, with
+// the Punch a provider's Capabilities offer: ReadAt, WriteAt, Sync (an NBD_CMD_FLUSH,
+// answered only once the server acknowledged it), Punch (NBD_CMD_WRITE_ZEROES, or
+// written zeroes where the export takes none), Size and Close. Concurrent writes to
+// overlapping ranges have no defined order, as on any disk and in NBD itself.
 //
 // Not supported: NBD_OPT_EXPORT_NAME for servers without NBD_OPT_GO, extended headers,
 // block status, and TLS with pre-shared keys.

@@ -272,10 +272,10 @@ func TestSlowFailingNetwork(t *testing.T) {
 	}
 }
 
-// Remote is meant to stand where eli's providers stand.
+// Remote is meant to stand where eli's providers stand, punching as they do.
 var (
 	_ provider.Provider = (*Remote)(nil)
-	_ provider.Puncher  = (*Remote)(nil)
+	_                   = provider.Capabilities{Punch: (*Remote)(nil).Punch}
 )
 
 // TestDialTimeout: a server that accepts and then says nothing fails Open within the

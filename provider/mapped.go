@@ -45,10 +45,10 @@ import (
 // as pwrite would; where tmpfs is full that is a fault, an error like pwrite's ENOSPC.
 //
 // Those writes go through a second, writable mapping of the file, and reads keep to the
-// read-only one: first reads of pages through a writable shared mapping cost about three
-// times the CPU of reads through a read-only one (measured on a VM; why, we did not pin
-// down), and a server's first read of 1 GiB twice as much in all (docs/benchmarks.md,
-// "Measurements behind design choices").
+// read-only one: first reads of pages through a writable shared mapping cost several
+// times the CPU of reads through a read-only one, and a server's first read of a volume
+// much more in all (measured on a VM, docs/benchmarks.md, "Measurements behind design
+// choices"; why, we did not pin down).
 //
 // A first touch of a page through the mapping faults it in: the kernel sets up its
 // page-table entries, which later copies out of the same pages do not pay. Where page

@@ -48,7 +48,7 @@ func TestMappedReads(t *testing.T) {
 	t.Parallel()
 	path := shmFile(t, 1<<20)
 	p := openMapped(t, path)
-	if !p.SerialWrites() {
+	if !p.Capabilities().SerialWrites {
 		t.Fatal("a mapped file does not report serial writes: they are still pwrite")
 	}
 	ro, err := Open(path, true)

@@ -26,109 +26,58 @@ type Provider interface {
 }
 
 // Capabilities are what a provider can do beyond Provider, which its user plans by:
-// whether to punch or write zeroes, whether to write from one thread or several.
-// CapabilitiesOf gathers them; a provider states each one through a named interface
-// below, or all at once through Capable.
+// whether to punch or write zeroes, whether to write from one thread or several, whether
+// to go through a mapping. A provider states them all at once (Capable); its user asks
+// once, when it opens the provider (CapabilitiesOf), and keeps the answer, so that no
+// question is asked per request. A zero field means no (AtomicWrite: unknown), a nil
+// function that the provider has no such operation.
 type Capabilities struct {
-	// SerialWrites: concurrent WriteAt calls run one after the other anyway
-	// (SerialWriter).
+	// SerialWrites: concurrent WriteAt calls run one after the other anyway, so that a
+	// caller with several writes to make does better to issue them from one thread: a
+	// second writer only waits, and may spin while it waits.
 	SerialWrites bool
-	// Punch: the provider implements Puncher.
-	Punch bool
 	// AtomicWrite is the size in bytes of an aligned write that a crash leaves either
-	// wholly old or wholly new (AtomicWriter); 0 if the provider cannot say.
+	// wholly old or wholly new; 0 if the provider cannot say.
 	AtomicWrite int
-	// Shared: hosts other than this one may write the storage while it is attached
-	// (Sharer), so a lock taken on this host does not keep every other writer out.
+	// Shared: hosts other than this one may write the storage while it is attached (a
+	// shared LUN, a network export), so a lock taken on this host does not keep every
+	// other writer out.
 	Shared bool
-	// BlockDevice: the storage is a block device rather than a file (BlockDevice):
-	// punching zeroes the range instead of freeing it, and the size is fixed.
+	// BlockDevice: the storage is a block device rather than a file: punching zeroes
+	// the range instead of freeing it, and the size is fixed.
 	BlockDevice bool
+
+	// Punch drops [off, off+length) cheaply, so that it reads as zeroes (a hole in a
+	// file, a zeroed or discarded range on a device).
+	Punch func(off, length int64) error
+	// WriteMapped writes b at off by copying it into memory shared with the storage (a
+	// mapped file on tmpfs), without a system call; ok false means it did not (no
+	// writable mapping, or the range lies outside it), and the caller uses WriteAt. The
+	// price: a process killed during the copy leaves the range torn at any byte, not
+	// page by page, so callers use it only for writes that their recovery accepts torn.
+	WriteMapped func(b []byte, off int64) (ok bool, err error)
+	// ReadOnce reads with a system call where ReadAt may go through a mapping (a file
+	// on tmpfs): for bytes that the caller reads once and keeps, such as metadata loaded
+	// into a cache. A first read of a page through a mapping faults it in, and with
+	// fault-around its neighbours too, which costs far more than pread where page-table
+	// updates are dear (a VM: docs/benchmarks.md, "Measurements behind design choices");
+	// the mapping pays off only for pages read again and again.
+	ReadOnce func(b []byte, off int64) (int, error)
 }
 
-// Capable is implemented by providers that report their capabilities all at once, such
-// as a remote provider answering from what its server said when it connected.
-// CapabilitiesOf takes the answer, except that Punch also needs the Puncher method.
+// Capable is implemented by providers that can do more than Provider. A wrapper that
+// stands in for another provider states its own: what it passes on of the wrapped
+// one's, through its own methods where it watches or changes them.
 type Capable interface {
 	Capabilities() Capabilities
 }
 
-// Puncher is implemented by providers that can drop a range cheaply, so that it reads
-// as zeroes (a hole in a file, a zeroed or discarded range on a device).
-type Puncher interface {
-	Punch(off, length int64) error
-}
-
-// MappedWriter is implemented by providers that can write a range by copying it into
-// memory shared with the storage (a mapped file on tmpfs), without a system call. The
-// price: a process killed during the copy leaves the range torn at any byte, not page
-// by page, so callers use it only for writes that their recovery accepts torn.
-type MappedWriter interface {
-	// WriteMapped writes b at off through the mapping; ok false means it did not (no
-	// writable mapping, or the range lies outside it), and the caller uses WriteAt.
-	WriteMapped(b []byte, off int64) (ok bool, err error)
-}
-
-// OnceReader is implemented by providers whose ReadAt may go through a mapping (a file
-// on tmpfs). ReadOnce reads with a system call instead: for bytes that the caller reads
-// once and keeps, such as metadata loaded into a cache. A first read of a page through
-// a mapping faults it in, and with fault-around its neighbours too, which costs far more
-// than pread where page-table updates are dear (a VM: docs/benchmarks.md, "Measurements
-// behind design choices"); the mapping pays off only for pages read again and again.
-type OnceReader interface {
-	ReadOnce(b []byte, off int64) (int, error)
-}
-
-// SerialWriter is implemented by providers whose concurrent writes run one at a time
-// anyway, so that a caller with several writes to make does better to issue them from
-// one thread: a second writer only waits, and may spin while it waits.
-type SerialWriter interface {
-	// SerialWrites reports whether concurrent WriteAt calls serialize.
-	SerialWrites() bool
-}
-
-// AtomicWriter is implemented by providers that know their atomic write unit.
-type AtomicWriter interface {
-	// AtomicWriteUnit is the size in bytes of an aligned write that a crash leaves
-	// wholly old or wholly new; 0 if unknown.
-	AtomicWriteUnit() int
-}
-
-// Sharer is implemented by providers whose storage other hosts may reach at once (a
-// shared LUN, a network export).
-type Sharer interface {
-	// SharedByHosts reports whether other hosts may write the storage meanwhile.
-	SharedByHosts() bool
-}
-
-// BlockDevice is implemented by providers that can tell a block device from a file.
-type BlockDevice interface {
-	IsBlockDevice() bool
-}
-
-// CapabilitiesOf reports p's capabilities: p's own answer if it is Capable, else what
-// its named capability interfaces say (a missing one means no, or 0).
+// CapabilitiesOf is p's Capabilities, or none if p is not Capable.
 func CapabilitiesOf(p Provider) Capabilities {
-	_, punch := p.(Puncher)
 	if c, ok := p.(Capable); ok {
-		caps := c.Capabilities()
-		caps.Punch = caps.Punch && punch
-		return caps
+		return c.Capabilities()
 	}
-	caps := Capabilities{Punch: punch}
-	if v, ok := p.(SerialWriter); ok {
-		caps.SerialWrites = v.SerialWrites()
-	}
-	if v, ok := p.(AtomicWriter); ok {
-		caps.AtomicWrite = v.AtomicWriteUnit()
-	}
-	if v, ok := p.(Sharer); ok {
-		caps.Shared = v.SharedByHosts()
-	}
-	if v, ok := p.(BlockDevice); ok {
-		caps.BlockDevice = v.IsBlockDevice()
-	}
-	return caps
+	return Capabilities{}
 }
 
 // ErrInUse is returned by Lock when another process holds the provider.
@@ -140,7 +89,7 @@ type File struct {
 	path    string
 	size    int64
 	isBlock bool
-	atomic  int    // AtomicWriteUnit
+	atomic  int    // Capabilities.AtomicWrite
 	mem     []byte // the whole file mapped for reading, or nil (mapped.go)
 	// wmem: the whole file mapped again, for writing (WriteMapped), or nil.
 	wmem     []byte
@@ -223,19 +172,27 @@ func (p *File) IsBlockDevice() bool { return p.isBlock }
 
 func (p *File) Size() int64 { return p.size }
 
-// SerialWrites is true for a regular file: Linux file systems take the inode's lock
-// exclusively for a buffered write (tmpfs, ext4, XFS and btrfs all do), so two pwrites to
-// one file run one after the other, and the second spins on the lock meanwhile: more CPU
-// per byte for no gain in throughput. A block device's page cache takes no such lock, and
-// parallel writes to it run faster than one thread's (docs/benchmarks.md, "Measurements
-// behind design choices").
-func (p *File) SerialWrites() bool { return !p.isBlock }
-
-// AtomicWriteUnit is a block device's logical block size, the unit its writes complete
-// in. A regular file reports 0: what a crash leaves of a write depends on the file system
-// and on the crash (a killed process leaves each page old or new, a power cut whatever
-// the file system's journaling mode leaves).
-func (p *File) AtomicWriteUnit() int { return p.atomic }
+// Capabilities: a regular file's writes are serial (Linux file systems take the inode's
+// lock exclusively for a buffered write: tmpfs, ext4, XFS and btrfs all do, so two
+// pwrites to one file run one after the other, and the second spins on the lock
+// meanwhile: more CPU per byte for no gain in throughput), while a block device's page
+// cache takes no such lock, and parallel writes to it run faster than one thread's
+// (docs/benchmarks.md, "Measurements behind design choices"). A block device's atomic
+// write is its logical block size, the unit its writes complete in; a regular file's is
+// unknown: what a crash leaves of a write depends on the file system and on the crash
+// (a killed process leaves each page old or new, a power cut whatever the file system's
+// journaling mode leaves). Both punch, and read and write through a mapping where they
+// have one (mapped.go).
+func (p *File) Capabilities() Capabilities {
+	return Capabilities{
+		SerialWrites: !p.isBlock,
+		AtomicWrite:  p.atomic,
+		BlockDevice:  p.isBlock,
+		Punch:        p.Punch,
+		WriteMapped:  p.WriteMapped,
+		ReadOnce:     p.ReadOnce,
+	}
+}
 
 func (p *File) ReadAt(b []byte, off int64) (int, error) {
 	if n, ok, err := p.readMapped(b, off); ok {
@@ -244,7 +201,7 @@ func (p *File) ReadAt(b []byte, off int64) (int, error) {
 	return p.ReadOnce(b, off)
 }
 
-// ReadOnce is pread, also where the file is mapped (OnceReader).
+// ReadOnce is pread, also where the file is mapped (Capabilities.ReadOnce).
 func (p *File) ReadOnce(b []byte, off int64) (int, error) {
 	if p.raw != nil {
 		return p.raw.ReadAt(b, off)

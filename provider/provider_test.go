@@ -38,8 +38,8 @@ func TestFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	if p.Size() != 1<<20 || p.IsBlockDevice() || !p.SerialWrites() || p.Path() != path {
-		t.Fatalf("size %d, block %v, serial writes %v, path %q", p.Size(), p.IsBlockDevice(), p.SerialWrites(), p.Path())
+	if p.Size() != 1<<20 || p.IsBlockDevice() || !p.Capabilities().SerialWrites || p.Path() != path {
+		t.Fatalf("size %d, block %v, serial writes %v, path %q", p.Size(), p.IsBlockDevice(), p.Capabilities().SerialWrites, p.Path())
 	}
 	data := bytes.Repeat([]byte{0xa5}, 64<<10)
 	if _, err := p.WriteAt(data, 4096); err != nil {
@@ -162,11 +162,11 @@ func TestBlockDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	if !p.IsBlockDevice() || p.SerialWrites() || p.Size() != 8<<20 {
-		t.Fatalf("block %v, serial writes %v, size %d", p.IsBlockDevice(), p.SerialWrites(), p.Size())
+	if !p.IsBlockDevice() || p.Capabilities().SerialWrites || p.Size() != 8<<20 {
+		t.Fatalf("block %v, serial writes %v, size %d", p.IsBlockDevice(), p.Capabilities().SerialWrites, p.Size())
 	}
-	if c := CapabilitiesOf(p); !c.BlockDevice || c.SerialWrites || !c.Punch || c.AtomicWrite < 512 || c.AtomicWrite&(c.AtomicWrite-1) != 0 {
-		t.Fatalf("a loop device's capabilities: %+v", c)
+	if c := CapabilitiesOf(p); !c.BlockDevice || c.SerialWrites || c.Punch == nil || c.AtomicWrite < 512 || c.AtomicWrite&(c.AtomicWrite-1) != 0 {
+		t.Fatalf("a loop device's capabilities: %+v", stateOf(c))
 	}
 	if err := p.Punch(1<<20, 64<<10); err != nil {
 		t.Fatal(err)
@@ -189,8 +189,9 @@ func TestBlockDevice(t *testing.T) {
 	}
 }
 
-// The capability answers a provider type gives: a File's, a wrapper's that states only
-// some, and a Capable one's, which cannot claim Punch without the method.
+// The capability answers a provider type gives: a File's, a bare provider's (none), one
+// with capability methods but no Capabilities (none: methods alone state nothing), and a
+// Capable wrapper's (its own answer).
 type (
 	bare      struct{ Provider }
 	punching  struct{ Provider }
@@ -198,17 +199,23 @@ type (
 		Provider
 		caps Capabilities
 	}
-	describedPunching struct{ described }
-	sharedSerial      struct{ Provider }
 )
 
-func (punching) Punch(off, length int64) error          { return nil }
-func (p described) Capabilities() Capabilities          { return p.caps }
-func (describedPunching) Punch(off, length int64) error { return nil }
-func (sharedSerial) SharedByHosts() bool                { return true }
-func (sharedSerial) SerialWrites() bool                 { return true }
-func (sharedSerial) AtomicWriteUnit() int               { return 4096 }
-func (sharedSerial) IsBlockDevice() bool                { return true }
+func (punching) Punch(off, length int64) error { return nil }
+func (punching) SerialWrites() bool            { return true }
+func (p described) Capabilities() Capabilities { return p.caps }
+
+// stated is what Capabilities say, in a comparable form: the fields, and whether each
+// operation is there.
+type stated struct {
+	serial, shared, block bool
+	atomic                int
+	punch, mapped, once   bool
+}
+
+func stateOf(c Capabilities) stated {
+	return stated{c.SerialWrites, c.Shared, c.BlockDevice, c.AtomicWrite, c.Punch != nil, c.WriteMapped != nil, c.ReadOnce != nil}
+}
 
 func TestCapabilitiesOf(t *testing.T) {
 	t.Parallel()
@@ -218,21 +225,32 @@ func TestCapabilitiesOf(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	all := Capabilities{SerialWrites: true, Punch: true, AtomicWrite: 512, Shared: true, BlockDevice: true}
+	punch := func(off, length int64) error { return nil }
+	all := Capabilities{SerialWrites: true, Punch: punch, AtomicWrite: 512, Shared: true, BlockDevice: true}
 	for _, tc := range []struct {
 		name string
 		p    Provider
-		want Capabilities
+		want stated
 	}{
-		{"file", f, Capabilities{SerialWrites: true, Punch: true}},
-		{"bare", bare{f}, Capabilities{}},
-		{"punching", punching{f}, Capabilities{Punch: true}},
-		{"named interfaces", sharedSerial{f}, Capabilities{SerialWrites: true, AtomicWrite: 4096, Shared: true, BlockDevice: true}},
-		{"capable without Punch", described{f, all}, Capabilities{SerialWrites: true, AtomicWrite: 512, Shared: true, BlockDevice: true}},
-		{"capable with Punch", describedPunching{described{f, all}}, all},
+		{"file", f, stated{serial: true, punch: true, mapped: true, once: true}},
+		{"bare", bare{f}, stated{}},
+		{"methods without Capabilities", punching{f}, stated{}},
+		{"capable", described{f, all}, stated{serial: true, shared: true, block: true, atomic: 512, punch: true}},
+		{"capable of nothing", described{f, Capabilities{}}, stated{}},
 	} {
-		if got := CapabilitiesOf(tc.p); got != tc.want {
+		if got := stateOf(CapabilitiesOf(tc.p)); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
+	}
+	// A File's operations are its own: Punch makes the range read as zeroes.
+	if _, err := f.WriteAt([]byte{1, 2, 3, 4}, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := CapabilitiesOf(f).Punch(4096, 4096); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4)
+	if _, err := CapabilitiesOf(f).ReadOnce(got, 4096); err != nil || !bytes.Equal(got, make([]byte, 4)) {
+		t.Fatalf("after Capabilities().Punch: %v, %v", got, err)
 	}
 }

@@ -58,7 +58,7 @@ func TestOpenCapabilities(t *testing.T) {
 			}
 			defer s.Close()
 			c := s.Capabilities()
-			if !c.Shared || c.SerialWrites || c.Punch != tc.punch || c.AtomicWrite != tc.atomic {
+			if !c.Shared || c.SerialWrites || (c.Punch != nil) != tc.punch || c.AtomicWrite != tc.atomic {
 				t.Fatalf("capabilities %+v: want shared, parallel writes, punch %v, atomic unit %d", c, tc.punch, tc.atomic)
 			}
 			if err := s.Claim(ClaimOptions{}); err != nil {
@@ -79,6 +79,14 @@ func TestOpenCapabilities(t *testing.T) {
 			}
 			if m, err := s.readMark(); err != nil || m.State != Held {
 				t.Fatalf("mark after a write over it: %+v %v", m, err)
+			}
+			if c.Punch != nil { // the Store's own, which skips the ownership block too
+				if err := c.Punch(0, 65536); err != nil {
+					t.Fatal(err)
+				}
+				if m, err := s.readMark(); err != nil || m.State != Held {
+					t.Fatalf("mark after a punch over it: %+v %v", m, err)
+				}
 			}
 		})
 	}

@@ -35,12 +35,12 @@ import (
 // raw is what a Store does its I/O through: an nbdclient.Remote, or a file in tests.
 type raw interface {
 	provider.Provider
-	provider.Puncher
+	Punch(off, length int64) error
 	Close() error
 }
 
-// Store is a remote provider: provider.Provider, provider.Puncher and
-// provider.Capable, with the ownership block hidden from its users.
+// Store is a remote provider (provider.Provider and provider.Capable) with the ownership
+// block hidden from its users.
 type Store struct {
 	raw      raw
 	remote   *nbdclient.Remote // nil in tests over a file
@@ -62,7 +62,6 @@ type Store struct {
 
 var (
 	_ provider.Provider = (*Store)(nil)
-	_ provider.Puncher  = (*Store)(nil)
 	_ provider.Capable  = (*Store)(nil)
 )
 
@@ -119,10 +118,13 @@ func Open(uri string, o *Options) (*Store, error) {
 	exp := r.Export()
 	caps := provider.Capabilities{
 		Shared: true,
-		Punch:  exp.Flags&nbdproto.TflagSendWriteZeroes != 0,
 		// The NBD spec promises nothing about tearing; the export's preferred block is
 		// the unit it says writes should come in, and 4096 what disks behind it use.
 		AtomicWrite: 4096,
+	}
+	if exp.Flags&nbdproto.TflagSendWriteZeroes != 0 {
+		// Without it, Punch writes the zeroes itself: nothing cheap to offer.
+		caps.Punch = s.Punch
 	}
 	if pb := exp.PreferredBlock; pb >= 512 && pb <= 64<<10 {
 		caps.AtomicWrite = int(pb)
@@ -145,8 +147,9 @@ func Open(uri string, o *Options) (*Store, error) {
 
 // newStore wraps any raw storage (tests).
 func newStore(r raw, name string, interval time.Duration) *Store {
-	return &Store{raw: r, name: name, caps: provider.Capabilities{Shared: true, Punch: true, AtomicWrite: 4096},
-		interval: interval, markIO: DefaultRequestTimeout}
+	s := &Store{raw: r, name: name, interval: interval, markIO: DefaultRequestTimeout}
+	s.caps = provider.Capabilities{Shared: true, Punch: s.Punch, AtomicWrite: 4096}
+	return s
 }
 
 // identLen is how much of the export's start identity looks at: an eli header's magic,

@@ -27,13 +27,14 @@ const (
 // aeadCodec is the default mode: XChaCha20-Poly1305 with a fresh random nonce per Seal.
 //
 // Nonces come from crypto/rand, one read per run of up to 16 sectors (aeadrun.go). One
-// 24-byte read measured 67 ns (Go 1.26, Linux 6.18, vDSO getrandom; BenchmarkNonce)
-// against about 1.3 µs to seal a 4 KiB sector on one core; a read for 16 spreads that
-// over the run. Nothing random is kept in memory between calls.
+// 24-byte read costs a small share of sealing a 4 KiB sector (BenchmarkNonce against
+// BenchmarkAEADSeal4K; docs/benchmarks.md, "Measurements behind design choices"), and a
+// read for 16 spreads that over the run. Nothing random is kept in memory between calls.
 type aeadCodec struct {
 	aead     cipher.AEAD // x/crypto's, for machines without a vector Poly1305
 	key      *[32]byte   // the same key, for our own composition (aeadrun.go)
 	fast     bool        // poly1305.Accelerated: seal and open with our composition
+	loneMin  int         // loneFastSize (BenchmarkLoneSector sets 0 to measure the lanes below it)
 	size     int
 	adPrefix [adPrefixSize]byte
 	scratch  sync.Pool // *aeadScratch
@@ -61,7 +62,7 @@ func newAEAD(p Params) (Codec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sector: xchacha20-poly1305: %w", err)
 	}
-	c := &aeadCodec{aead: a, key: new([32]byte), fast: poly1305.Accelerated(), size: p.SectorSize}
+	c := &aeadCodec{aead: a, key: new([32]byte), fast: poly1305.Accelerated(), loneMin: loneFastSize, size: p.SectorSize}
 	copy(c.key[:], p.Key)
 	n := copy(c.adPrefix[:], adLabel)
 	n += copy(c.adPrefix[n:], p.VolumeID[:])

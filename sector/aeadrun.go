@@ -66,15 +66,13 @@ const aeadChunk = 16
 // write or read, a read-modify-write edge) goes through the lanes too. Below it, x/crypto
 // is quicker: its fused kernel gets block 0 almost free, where the lanes derive one
 // sector's keys on their own (chacha.XAEADKeys' scalar path for a lone nonce), and a
-// small sector has few blocks to win that back. Measured on one core of the AMD EPYC of
-// docs/benchmarks.md (medians of six runs): 512-byte seal 0.71 µs through the lanes
-// against 0.66 for x/crypto; 1 KiB seal 0.78 against 0.86, seal and open 1.41 against
-// 1.73; 4 KiB seal 1.21 against 2.1.
+// small sector has few blocks to win that back. BenchmarkLoneSector measures both ways
+// at each size (docs/benchmarks.md, "Measurements behind design choices").
 const loneFastSize = 1024
 
 // viaXCrypto reports whether a chunk of k sectors goes to x/crypto sector by sector
 // rather than through the lanes.
-func (c *aeadCodec) viaXCrypto(k int) bool { return !c.fast || (k == 1 && c.size < loneFastSize) }
+func (c *aeadCodec) viaXCrypto(k int) bool { return !c.fast || (k == 1 && c.size < c.loneMin) }
 
 func (c *aeadCodec) checkMeta(dst, src, meta []byte) (int, error) {
 	if err := checkRun(ModeXChaCha20Poly1305, c.size, dst, src); err != nil {

@@ -222,28 +222,7 @@ func BenchmarkRunMeta(b *testing.B) {
 	for _, size := range []int{512, 4096} {
 		n := 1 << 20 / size
 		for name, c := range aeadPaths(b, size) {
-			for _, open := range []bool{false, true} {
-				op := "seal"
-				if open {
-					op = "open"
-				}
-				b.Run(fmt.Sprintf("%s/%s/%d", name, op, size), func(b *testing.B) {
-					buf := randBytes(n * size)
-					meta := make([]byte, n*aeadMetaSize)
-					c.SealRunMeta(0, buf, buf, meta)
-					b.SetBytes(int64(len(buf)))
-					out := make([]byte, len(buf))
-					for b.Loop() {
-						if open {
-							if err := c.OpenRunMeta(0, out, buf, meta); err != nil {
-								b.Fatal(err)
-							}
-						} else {
-							c.SealRunMeta(0, buf, buf, meta)
-						}
-					}
-				})
-			}
+			benchSealOpen(b, name, c, n)
 		}
 		b.Run(fmt.Sprintf("raw-x/crypto/seal/%d", size), func(b *testing.B) {
 			ref, _ := chacha20poly1305.NewX(testKey)
@@ -280,6 +259,49 @@ func BenchmarkLoneSeal(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkLoneSector seals and opens one sector at a time, a lone random write's and
+// read's cost to the cipher, at each sector size through x/crypto's fused AEAD and
+// through the lanes, below loneFastSize too (loneMin 0): loneFastSize is the least size
+// at which the lanes win (viaXCrypto).
+func BenchmarkLoneSector(b *testing.B) {
+	if !poly1305.Accelerated() {
+		b.Skip("no vector Poly1305 on this machine: lone sectors always go through x/crypto")
+	}
+	for _, size := range []int{512, 1024, 2048, 4096} {
+		for name, c := range aeadPaths(b, size) {
+			c.loneMin = 0
+			benchSealOpen(b, name, c, 1)
+		}
+	}
+}
+
+// benchSealOpen runs c's SealRunMeta in place and its OpenRunMeta out of place (so that
+// the input stays sealed) over runs of n sectors, as NAME/seal/SIZE and NAME/open/SIZE.
+func benchSealOpen(b *testing.B, name string, c *aeadCodec, n int) {
+	for _, open := range []bool{false, true} {
+		op := "seal"
+		if open {
+			op = "open"
+		}
+		b.Run(fmt.Sprintf("%s/%s/%d", name, op, c.size), func(b *testing.B) {
+			buf := randBytes(n * c.size)
+			meta := make([]byte, n*aeadMetaSize)
+			c.SealRunMeta(0, buf, buf, meta)
+			b.SetBytes(int64(len(buf)))
+			out := make([]byte, len(buf))
+			for b.Loop() {
+				if open {
+					if err := c.OpenRunMeta(0, out, buf, meta); err != nil {
+						b.Fatal(err)
+					}
+				} else {
+					c.SealRunMeta(0, buf, buf, meta)
+				}
+			}
+		})
 	}
 }
 

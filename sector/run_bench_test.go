@@ -11,7 +11,7 @@ import (
 // BenchmarkSealRun seals one 64 KiB run per op (blockdev's parallel chunk: 16 sectors of
 // 4 KiB, 128 of 512 B) at advancing indexes, for every length-preserving mode side by
 // side, and for xchacha20-xts also sector by sector with Seal ("xchacha20-xts-each", an
-// HChaCha per sector, as before runs existed). Compare xchacha20-xts with chacha20-xts at
+// HChaCha per sector, which runs save). Compare xchacha20-xts with chacha20-xts at
 // the same sector size in cpu-ns/op: the target is within 10% at 4 KiB.
 func BenchmarkSealRun(b *testing.B) {
 	const runBytes = 64 << 10

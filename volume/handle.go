@@ -46,7 +46,8 @@ func (a Access) String() string {
 // (*provider.File) or a remote NBD export (*remote.Store). The Handle closes it.
 type Store interface {
 	provider.Provider
-	provider.Puncher
+	// Punch makes [off, off+length) read as zeroes, cheaply where the storage can.
+	Punch(off, length int64) error
 	// Path names the provider in messages: the path given, or the URI without
 	// secrets.
 	Path() string

@@ -233,7 +233,7 @@ func (w *witness) record(gen uint64, root [32]byte) {
 
 // witnessPace is the least time between two writes of the witness file. A client that
 // flushes after every write (a database's commits) flushes thousands of times a second,
-// and writing the witness each time, two fsyncs and a rename, cost a third of the
+// and writing the witness each time, two fsyncs and a rename, costs a large share of the
 // server's CPU on tmpfs (docs/benchmarks.md, "Measurements behind design choices") and
 // would double the flushes a disk sees. Paced, the witness lags the provider by at most
 // about witnessPace and one write of the file: the "last moments before a crash" whose

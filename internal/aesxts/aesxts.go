@@ -21,11 +21,9 @@
 //
 // EncryptSectors and DecryptSectors take a run of consecutive units in one call, and the
 // kernels encrypt each unit's tweak while the previous unit is in flight: use them for
-// runs. On the AMD EPYC (Zen 4) this was written on, one thread, CPU time, medians of 5
-// (go test -bench 'Engines|Sectors|OpenSSL' ./aesxts), AES-256-XTS runs at 36× the
-// speed of x/crypto/xts with VAES and 16–20× with AES-NI; beside `openssl speed -evp
-// aes-256-xts` (OpenSSL 3.0, one unit per call, AES-NI): VAES 1.6× at 512 bytes and 2.0×
-// at 4096 per call, 2.1–2.3× on runs; AES-NI 0.9× at 512 bytes and 1.1× at 4096.
+// runs. go test -bench 'Engines|Sectors|OpenSSL' ./internal/aesxts measures every engine
+// beside x/crypto/xts and `openssl speed -evp aes-256-xts` (docs/benchmarks.md,
+// "Measurements behind design choices").
 package aesxts
 
 import (

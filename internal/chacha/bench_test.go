@@ -14,14 +14,13 @@ var benchSizes = []int{512, 4096, 65536}
 // sector codec does: the one-shot entry points here, NewUnauthenticatedCipher plus
 // XORKeyStream for golang.org/x/crypto/chacha20. XChaCha includes its HChaCha.
 //
-// Per message, XChaCha20 stays about 13% slower than ChaCha20 at 4 KiB (903 against 801
-// cpu-ns/op, median of 6 interleaved runs on the AVX-512 AMD EPYC this was measured on)
-// and 1.7× at 512 B (248 against 144): each message needs its own HChaCha20 first, 20
-// rounds on one state that form a single chain of dependent operations (about 100 ns
-// here), which no vector width can shorten; only many nonces side by side fill the
-// lanes. XORKeyStreamXMany does that for runs of sectors: in BenchmarkSectors XChaCha20
-// comes within 0–4% of ChaCha20 at 4 KiB, and about 10–14% at 512 B, where one subkey is
-// a ninth permutation beside the eight of the sector's keystream.
+// Per message, XChaCha20 stays slower than ChaCha20, the more so the shorter the message:
+// each message needs its own HChaCha20 first, 20 rounds on one state that form a single
+// chain of dependent operations, which no vector width can shorten; only many nonces side
+// by side fill the lanes. XORKeyStreamXMany does that for runs of sectors, and in
+// BenchmarkSectors XChaCha20 comes close to ChaCha20, where at 512 B one subkey is still a
+// ninth permutation beside the eight of the sector's keystream (docs/benchmarks.md,
+// "Measurements behind design choices").
 func BenchmarkKeystream(b *testing.B) {
 	var key [KeySize]byte
 	var nonce [NonceSize]byte

@@ -18,8 +18,9 @@
 // Runs of short messages with one nonce each, as disk sectors are, have their own calls:
 // XORKeyStreamMany and XORKeyStreamXMany, which for XChaCha compute the messages'
 // HChaCha subkeys 16 (AVX-512) or 8 (AVX2) at a time, one per vector lane
-// (HChaChaMany). One HChaCha alone is a chain of dependent operations that costs about
-// an eighth of a 4 KiB message's keystream; in lanes it costs under 2% of it.
+// (HChaChaMany). One HChaCha alone is a chain of dependent operations, a noticeable
+// share of a 4 KiB message's keystream; in lanes it is a small one (BenchmarkHChaChaMany
+// against BenchmarkKeystream; docs/benchmarks.md, "Measurements behind design choices").
 //
 // # Counter exhaustion
 //

@@ -27,7 +27,8 @@ func polyMany16(st *manyState, ct *byte, stride, blocks, skew int)
 // skewMany is how many blocks polyMany16's second group runs ahead of the first. With
 // messages 2 KiB or more apart, the two groups' sixteen loads of a step fall in at most
 // two sets of the L1 cache's 64 (in one, when the stride is a multiple of 4 KiB, where
-// 8 ways cannot hold them: 4 KiB sectors ran at 0.79 of one-by-one SumAEAD); 16 blocks
+// 8 ways cannot hold them, and 4 KiB sectors ran slower than one-by-one SumAEAD:
+// BenchmarkSumAEADMany; docs/benchmarks.md, "Measurements behind design choices"); 16 blocks
 // (four cache lines) apart they fall in different sets, with room for the next-line
 // prefetch. Shorter messages are spread over sets by the stride itself.
 func skewMany(ctLen int) int {

@@ -6,8 +6,9 @@
 // eight 16-byte blocks at a time in radix 2^44 (ifma.go, _asm/main.go); Go code only
 // stages the few blocks that cannot be read in place and does the final reduction.
 // SumAEADMany runs eight or sixteen messages of one shape side by side instead, one per
-// lane (ifma_many.go, _asm/many.go): a run of disk sectors. 512-byte sectors' tags then
-// cost half as much, 4 KiB sectors' 8% less.
+// lane (ifma_many.go, _asm/many.go): a run of disk sectors, whose tags then cost less
+// than one message at a time, the more so the smaller the sectors (BenchmarkSumAEADMany;
+// docs/benchmarks.md, "Measurements behind design choices").
 // Elsewhere, and with -tags purego, golang.org/x/crypto/poly1305 computes the tag.
 package poly1305
 

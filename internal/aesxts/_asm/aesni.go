@@ -11,7 +11,8 @@ package main
 // with the key XOR, and so does AESDECLAST), so the tweak's second XOR costs nothing.
 // 128..255: the next batch's, made one per round between the current batch's AES
 // instructions, so that a batch starts with its tweaks ready instead of with a chain of
-// eight dependent multiplications (13% more throughput per 4 KiB on Zen 4).
+// eight dependent multiplications (BenchmarkEngines; docs/benchmarks.md, "Measurements
+// behind design choices").
 func (g *gen) aesni(d direction) {
 	name := d.name + "AESNI"
 	g.line("// func %s(k, tk *[240]byte, rounds int, dst, src *byte, unit, count int, first uint64)", name)

@@ -5,7 +5,8 @@ package main
 // more of latency on the machines that have it, so four independent registers keep the
 // AES units busy, and the out-of-order core overlaps one step's loads and tweaks with
 // the previous step's rounds. (Eight registers, which leave no room for the folded last
-// key below, measured 10% slower per 4 KiB on AMD Zen 4.)
+// key below, were slower per 4 KiB: BenchmarkEngines; docs/benchmarks.md, "Measurements
+// behind design choices".)
 //
 // The unit prologue's shift tables (sllcnt, srlcnt) cover the 16 tweaks of 4 registers.
 const vaesWide = 4
@@ -55,7 +56,8 @@ func (g *gen) vaesBody(d direction, rounds int) {
 	g.label(p + "unit")
 	// The tweaks of the unit's first 16 blocks, Z(8+i) lane j = T·α^(4i+j), straight
 	// from T in every lane, shifted by a per-lane count: a few independent instructions
-	// rather than a chain (11% more throughput on runs of 512-byte units on Zen 4).
+	// rather than a chain, which runs of short units notice (BenchmarkSectors;
+	// docs/benchmarks.md, "Measurements behind design choices").
 	g.op("VSHUFI64X2 $0, Z13, Z13, Z14") // T in all four lanes
 	for i := 0; i < vaesWide; i++ {
 		g.op("VPSRLVQ srlcnt<>+%d(SB), Z14, Z4", 64*i)

@@ -6,7 +6,7 @@ import "fmt"
 // in all 32 ZMM registers (group A in Z0..15, group B, blocks 16..31, in Z16..31). The
 // rounds then interleave eight quarter rounds instead of four: a quarter round is a chain
 // of twelve dependent instructions, and four chains leave the vector units idle part of
-// the time (rounds alone: 6.0 GB/s with four chains, 6.7 with eight, one Zen 4 core).
+// the time (docs/benchmarks.md, "Measurements behind design choices"; BenchmarkEngine).
 // Registers run out after the rounds, so B's words 12..15 wait on the stack while A is
 // finished (feed-forward, transposition, XOR) with Z28..31 as temporaries; then B, with
 // Z0..3. The counter lanes are computed again where they are added back. Same arguments
