@@ -478,9 +478,33 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 				cfg2.MinGeneration = wit.gen
 			}
 		}
+		var roFresh Freshness
+		if c%4 == 1 {
+			// Read-only first, on the same bytes: it recovers in memory, reads what a
+			// writable attach will, and reports the freshness that is on the provider (a
+			// witness records it; a root that only its memory holds would make the next
+			// attach see a fork).
+			ro := cfg2
+			ro.ReadOnly = true
+			d, err := Open(&memProvider{data: bytes.Clone(img)}, ro)
+			if err != nil {
+				fail("crash point %d (%s): read-only reopen: %v", c, stage, err)
+			}
+			m.check(d, c, stage+", read-only", v.tornOK, fail)
+			roFresh, _ = d.Freshness()
+			if peek, ok, _ := PeekFreshness(p, d.Layout()); ok {
+				forkOrRollback(roFresh, peek, "what the provider's journal says", c, stage, fail)
+			}
+			if err := d.Close(); err != nil {
+				fail("crash point %d (%s): close read-only: %v", c, stage, err)
+			}
+		}
 		d2, err := Open(p, cfg2)
 		if err != nil {
 			fail("crash point %d (%s): reopen: %v", c, stage, err)
+		}
+		if f, ok := d2.Freshness(); ok && c%4 == 1 {
+			forkOrRollback(roFresh, f, "what a writable attach then reports", c, stage, fail)
 		}
 		_, n := m.check(d2, c, stage, v.tornOK, fail)
 		authErrs += n
@@ -520,6 +544,15 @@ func runCrash(t *testing.T, v crashVariant, seed uint64) (points, authErrs int) 
 		check(img, c, "recovered")
 	}
 	return points, authErrs
+}
+
+// forkOrRollback fails if a witness that recorded seen would refuse a provider at now: a
+// generation below it, or the same one with another root.
+func forkOrRollback(seen, now Freshness, what string, c int, stage string, fail func(string, ...any)) {
+	if now.Generation < seen.Generation || now.Generation == seen.Generation && now.Root != seen.Root {
+		fail("crash point %d (%s): a read-only attach reports generation %d root %x, and %s is generation %d root %x: its witness would refuse the volume",
+			c, stage, seen.Generation, seen.Root[:4], what, now.Generation, now.Root[:4])
+	}
 }
 
 // TestCommitFailure makes the provider fail at each I/O of a commit in turn: the flush

@@ -294,7 +294,11 @@ func (f *treeFreshness) replay(a *authEngine, cur slotState) error {
 		for _, e := range chosen {
 			a.overrides[e.index] = e.new
 		}
-		f.cur = Freshness{Generation: cur.gen, Root: t.Root()}
+		// What it reports is the provider's state, the slot's: a root with sectors rolled
+		// back exists only in this memory until a writable attach puts it in the next
+		// generation's slot, and a witness that recorded it beside this generation would
+		// see a fork in the provider that holds the slot.
+		f.cur = Freshness{Generation: cur.gen, Root: cur.root}
 		return nil
 	}
 
