@@ -138,19 +138,29 @@ func TestReencryptKill9(t *testing.T) {
 			start := time.Now()
 			e.OK("reencrypt", "--passphrase-file", e.Pass, img)
 			whole := time.Since(start)
+			// The kills' window narrows to where they interrupt one: a run that finished
+			// before its kill moves the window's end to that delay, one that had not
+			// started the sweep yet (the KDF, the header) moves its start.
 			killed, halfway := 0, 0
-			for round := 0; round < 8 && halfway < 3; round++ {
+			lo, hi := whole/20, whole
+			for round := 0; round < 16 && halfway < 3; round++ {
 				cmd := e.Command("reencrypt", "--passphrase-file", e.Pass, img)
 				if err := cmd.Start(); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(whole/10 + time.Duration(rng.Int64N(int64(whole*8/10))))
+				delay := lo + time.Duration(rng.Int64N(int64(max(hi-lo, 1))))
+				time.Sleep(delay)
 				if cmd.Process.Signal(syscall.SIGKILL) == nil {
 					killed++
 				}
-				cmd.Wait()
-				if strings.Contains(e.OK("dump", img).Stdout, "under way") {
+				finished := cmd.Wait() == nil
+				switch {
+				case strings.Contains(e.OK("dump", img).Stdout, "under way"):
 					halfway++
+				case finished:
+					hi = delay
+				default:
+					lo = delay
 				}
 				// Halfway or not, it attaches and reads every byte.
 				sock = e.attach(img, "--readonly")
