@@ -118,7 +118,9 @@ func TestStreamedRequestsOutlastBackend(t *testing.T) {
 	for _, structured := range []bool{false, true} {
 		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
 			t.Parallel()
-			const hold = 600 * time.Millisecond
+			// The timeout leaves a loaded machine (and -race) time to move a piece; the hold
+			// outlasts it several times.
+			const hold = 3 * time.Second
 			mem := newMem(16 << 20)
 			mem.hook = func(name string, off, n int64, f Flags) error {
 				if (name == "write" || name == "read") && off == 1<<20+streamPiece {
@@ -128,7 +130,7 @@ func TestStreamedRequestsOutlastBackend(t *testing.T) {
 			}
 			srv := oneExportServer(mem, nil)
 			srv.MaxBytes = MaxRequest
-			srv.IOTimeout = 100 * time.Millisecond
+			srv.IOTimeout = time.Second
 			srv.minRate = 1 << 40 // no allowance for the size: the timeout alone
 			path := serveUnix(t, srv)
 			rc, _ := mustConnect(t, path, structured)
