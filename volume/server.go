@@ -304,7 +304,37 @@ func (s *Server) connectKernel() (int, error) {
 	} else {
 		s.log.Info("kernel device", "device", s.cfg.Device, "max_sectors_kb", kib)
 	}
+	s.checkReceiving(idx, n)
 	return idx, nil
+}
+
+// receiveGrace is how long a connected kernel device's receive loops may take to start
+// before the server says that some will not (nbdkernel.ReceiveLoops).
+const receiveGrace = 2 * time.Second
+
+// checkReceiving waits until the kernel runs a receive loop for each of the device's n
+// connections, and says so if it does not within receiveGrace: the kernel then reads no
+// reply on some connections, and each request it sends there waits for its request
+// timeout (a mount or a boot then waits for it). Nothing the server does fixes it.
+func (s *Server) checkReceiving(idx, n int) {
+	deadline := time.Now().Add(receiveGrace)
+	for {
+		got, err := nbdkernel.ReceiveLoops(idx)
+		if err != nil {
+			s.log.Debug("count the kernel device's receive loops", "device", s.cfg.Device, "err", err)
+			return
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.log.Warn("the kernel reads replies on only some of the device's connections: each request it sends on the others waits for its request timeout, then moves to a connection it reads. "+
+				"Linux's workqueue rescuer ran the device's receive loops one after another because the kernel was slow to create a thread (fixed in Linux by commit e5a30c303b07); a device with one connection cannot meet it",
+				"device", s.cfg.Device, "connections", n, "receiving", got, "request_timeout", time.Duration(s.cfg.kernelTimeout())*time.Second)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // countClients records that NBD server i has n clients, and closes idle when every

@@ -27,12 +27,28 @@ rc=$?
 r attach_rc $rc
 [ $rc -eq 0 ] || { cat /tmp/attach.out; exit 0; }
 
+# Which kernel threads run nbd0's receive work, printed when the kernel times a request out:
+# one per connection should wait in a socket read. Linux 6.1 runs that work on the
+# device's workqueue, whose rescuer (a thread named nbd0-recv) takes every pending item
+# at once and runs them one after another when creating a worker is slow; the work ends
+# only with its socket, so the others then never run (TestVMReceiveStarvation).
+recvthreads() {
+	for d in /proc/[0-9]*; do
+		[ -s "$d/cmdline" ] && continue
+		c=$(cat "$d/comm" 2>/dev/null)
+		case "$c" in
+		*nbd0-recv*) echo "ELI-DIAG receive thread ${d#/proc/} $c $(cat "$d/wchan" 2>/dev/null)" ;;
+		esac
+	done
+}
+
 # A request the kernel times out ("Connection timed out") was either slow in the server or
 # lost in the kernel: the server's log tells which, since its line for each closed
 # connection gives the slowest reply. The crash sections below time requests out on
 # purpose, so the watch ends there.
 ( while [ ! -e /tmp/crashing ]; do
 	if dmesg | grep -q 'timed out'; then
+		recvthreads
 		sleep 5
 		echo ELI-SERVER-LOG-BEGIN
 		cat "$ELI_STATE_DIR/vol.log"
