@@ -252,6 +252,13 @@ func (s *Server) DeviceIndex() int { return s.devIndex }
 // Volume is the volume being served.
 func (s *Server) Volume() *Volume { return s.vol }
 
+// DefaultDeviceConnections is how many sockets a kernel device gets unless Config asks
+// for more: one, because Linux 6.1's driver may leave every connection after the first
+// unread for its request timeout when its workqueue is slow to make a worker (at boot,
+// on a loaded machine; docs/design.md, "A connection the kernel does not read"), and one
+// connection carries many requests in flight, which the server runs concurrently.
+const DefaultDeviceConnections = 1
+
 // connectKernel negotiates cfg.Connections sockets with our own server and hands them to
 // the kernel's NBD driver.
 func (s *Server) connectKernel() (int, error) {
@@ -259,7 +266,10 @@ func (s *Server) connectKernel() (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	n := max(s.cfg.Connections, 1)
+	n := s.cfg.Connections
+	if n < 1 {
+		n = DefaultDeviceConnections
+	}
 	var files []*os.File // the kernel's ends, closed once the kernel and kdev have theirs
 	defer func() {
 		for _, f := range files {

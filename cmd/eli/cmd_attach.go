@@ -182,7 +182,7 @@ func addServeFlags(cmd *cobra.Command, o *attachOptions) {
 	f.BoolVar(&o.insecureTCP, "insecure-tcp", false, "serve --listen without TLS: anyone who reaches the port can read and write the volume")
 	f.BoolVar(&o.foreground, "foreground", false, "serve in this process until SIGTERM/SIGINT")
 	f.StringVar(&o.device, "device", "", "also connect /dev/nbdN through the kernel's NBD driver ('auto': a free one)")
-	f.IntVar(&o.connections, "connections", 4, "connections the kernel device uses (with --device)")
+	f.IntVar(&o.connections, "connections", volume.DefaultDeviceConnections, "connections the kernel device uses (with --device; more than one may go unread for 30 s on kernels without Linux commit e5a30c303b07)")
 	f.BoolVar(&o.writeBack, "write-back", false, "with --device: acknowledge writes before their commit (faster; a server crash can then lose acknowledged writes under a flush the kernel re-sends)")
 	f.IntVar(&o.cacheMiB, "cache", 64, "metadata cache size in MiB")
 	f.BoolVarP(&o.autoDetach, "auto-detach", "d", false,

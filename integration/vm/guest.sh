@@ -22,7 +22,7 @@ eli init --passphrase-file /tmp/pass --kdf-time 1 --kdf-memory 8 --kdf-threads 1
 rc=$?
 r init_rc $rc
 [ $rc -eq 0 ] || { cat /tmp/init.out; exit 0; }
-eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 --connections 2 $P >/tmp/attach.out 2>&1
+eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 $P >/tmp/attach.out 2>&1
 rc=$?
 r attach_rc $rc
 [ $rc -eq 0 ] || { cat /tmp/attach.out; exit 0; }
@@ -122,7 +122,7 @@ r detach_rc $?
 r detach_kernel_errors "$(dmesg | grep -c -i -e 'disconnect failed' -e 'invalid argument')"
 
 # Re-attach: the files are intact.
-eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 --connections 2 $P >/tmp/attach2.out 2>&1
+eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 $P >/tmp/attach2.out 2>&1
 r reattach_rc $?
 mount -t ext4 /dev/nbd0 /mnt
 r remount_rc $?
@@ -161,7 +161,7 @@ r killed_at "$(cat /tmp/writer.at)"
 sleep 1
 # Pieces up to this one had their fsync completed by the old server.
 r replug_at "$(cat /tmp/writer.at)"
-eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 --connections 2 $P >/tmp/attach3.out 2>&1
+eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 $P >/tmp/attach3.out 2>&1
 rc=$?
 r crash_reattach_rc $rc
 [ $rc -eq 0 ] || cat /tmp/attach3.out
@@ -200,7 +200,7 @@ eli detach --keep-device vol >/tmp/detach5.out 2>&1
 r keep_detach_rc $?
 r keep_stopped_at "$(cat /tmp/writer.at)"
 [ -e /sys/block/nbd0/pid ] && r keep_dev bound || r keep_dev unbound
-eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 --connections 2 $P >/tmp/attach4.out 2>&1
+eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 $P >/tmp/attach4.out 2>&1
 rc=$?
 r keep_attach_rc $rc
 [ $rc -eq 0 ] || cat /tmp/attach4.out
@@ -228,7 +228,7 @@ eli detach --keep-device vol >/tmp/detach7.out 2>&1
 r grow_keep_rc $?
 eli resize --passphrase-file /tmp/pass --size 256M $P >/tmp/resize2.out 2>&1
 r grow_resize_rc $?
-eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 --connections 2 $P >/tmp/attach5.out 2>&1
+eli attach --passphrase-file /tmp/pass --name vol --device /dev/nbd0 $P >/tmp/attach5.out 2>&1
 rc=$?
 r grow_attach_rc $rc
 [ $rc -eq 0 ] || cat /tmp/attach5.out

@@ -31,7 +31,7 @@ dev() { eval "echo \$dev_$1"; }
 
 for d in $devs; do
 	eli init --passphrase-file /tmp/pass --kdf-time 1 --kdf-memory 8 --kdf-threads 1 --size 96M "/tmp/$d.img" >"/tmp/$d.init" 2>&1 || { r init_failed "$d"; cat "/tmp/$d.init"; exit 0; }
-	eli attach --passphrase-file /tmp/pass --name "$d" --device "$(dev $d)" --connections 2 "/tmp/$d.img" >"/tmp/$d.attach" 2>&1 || { r attach_failed "$d"; cat "/tmp/$d.attach"; exit 0; }
+	eli attach --passphrase-file /tmp/pass --name "$d" --device "$(dev $d)" "/tmp/$d.img" >"/tmp/$d.attach" 2>&1 || { r attach_failed "$d"; cat "/tmp/$d.attach"; exit 0; }
 done
 r main_connected "$(io_timeout nbd0)"
 
