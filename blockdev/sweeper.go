@@ -54,8 +54,11 @@ type Sweeper struct {
 	mu      sync.Mutex
 	cond    sync.Cond
 	paused  bool
-	held    bool // the device is suspended (Device.Suspend), apart from paused
-	running bool // a step is under way
+	held    bool   // the device is suspended (Device.Suspend), apart from paused
+	running bool   // a step (and the checkpoint after it) is under way
+	cp      uint64 // the last checkpoint recorded (or the device's cursor when Run began)
+
+	cpMu sync.Mutex // one checkpoint at a time: Run's, or Checkpoint's
 }
 
 // NewSweeper makes a sweeper for d, which must hold a re-encryption (Config.Reencrypt at
@@ -170,7 +173,10 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	step := uint64(max(1, s.cfg.StepBytes/int64(d.s)))
 	cpSectors := uint64(max(1, s.cfg.CheckpointBytes/int64(d.s)))
 	st := d.Reencryption()
-	cpCursor, cpTime := st.Cursor, time.Now()
+	s.mu.Lock()
+	s.cp = st.Cursor // what the header says, or less
+	s.mu.Unlock()
+	cpTime := time.Now()
 	for st.Cursor < st.Sectors {
 		if !s.begin(ctx) {
 			return errors.Join(ctx.Err(), s.checkpoint(st.Cursor))
@@ -181,6 +187,11 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		st, err = d.Sweep(step)
 		took := time.Since(start)
 		busy := d.activity.Load() != before
+		if err == nil && st.Cursor < st.Sectors && (st.Cursor-s.checkpointed() >= cpSectors || time.Since(cpTime) >= s.cfg.CheckpointInterval) {
+			if err = s.checkpoint(st.Cursor); err == nil {
+				cpTime = time.Now()
+			}
+		}
 		s.end()
 		if err != nil {
 			return fmt.Errorf("re-encryption at sector %d: %w", st.Cursor, err)
@@ -190,12 +201,6 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		}
 		if st.Cursor == st.Sectors {
 			break
-		}
-		if st.Cursor-cpCursor >= cpSectors || time.Since(cpTime) >= s.cfg.CheckpointInterval {
-			if err := s.checkpoint(st.Cursor); err != nil {
-				return err
-			}
-			cpCursor, cpTime = st.Cursor, time.Now()
 		}
 		if s.cfg.Yield > 0 && busy {
 			t := time.NewTimer(time.Duration(s.cfg.Yield * float64(took)))
@@ -223,9 +228,30 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	return nil
 }
 
-// checkpoint makes what the sweep moved below cursor durable and records it.
+// Checkpoint records where the sweep stands now (a flush, then Config.Checkpoint), for
+// a paused sweeper whose device is about to stop serving for a while (suspend): the
+// checkpoint that Run records when its context ends is then skipped if the sweep has not
+// moved since. Call it between Pause and Resume.
+func (s *Sweeper) Checkpoint() error {
+	st := s.d.Reencryption()
+	if !st.Active || st.Done {
+		return nil
+	}
+	return s.checkpoint(st.Cursor)
+}
+
+func (s *Sweeper) checkpointed() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cp
+}
+
+// checkpoint makes what the sweep moved below cursor durable and records it, unless
+// that is recorded already.
 func (s *Sweeper) checkpoint(cursor uint64) error {
-	if s.cfg.Checkpoint == nil {
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	if s.cfg.Checkpoint == nil || cursor <= s.checkpointed() {
 		return nil
 	}
 	if err := s.d.Flush(); err != nil {
@@ -234,5 +260,8 @@ func (s *Sweeper) checkpoint(cursor uint64) error {
 	if err := s.cfg.Checkpoint(cursor); err != nil {
 		return fmt.Errorf("re-encryption checkpoint at sector %d: %w", cursor, err)
 	}
+	s.mu.Lock()
+	s.cp = max(s.cp, cursor)
+	s.mu.Unlock()
 	return nil
 }
