@@ -239,6 +239,7 @@ func (s *Server) Start(v *Volume) error {
 	r := v.Recovery()
 	s.log.Info("attached", "name", s.cfg.Name, "provider", s.cfg.Provider, "mode", v.Mode().String(),
 		"size", v.Size(), "socket", s.cfg.Socket, "journal", r.Journal, "recovered_sectors", r.Sectors)
+	v.resumePending() // a re-encryption that Open found under way goes on as the volume serves
 	return nil
 }
 

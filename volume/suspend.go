@@ -10,6 +10,7 @@ import (
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/reencrypt"
+	"github.com/elidisk/eli/sector"
 )
 
 // Suspend and resume (geli's): the keys leave the server's memory while the volume
@@ -57,9 +58,9 @@ func (v *Volume) Resume(mk *keys.MasterKey) error {
 	if err := h.Verify(mk); err != nil {
 		return err
 	}
-	if l := v.dev.Layout(); h.Mode != v.mode || h.Layout != l {
+	if l := v.dev.Layout(); h.Mode != v.Mode() || h.Layout != l {
 		return fmt.Errorf("the header no longer describes the attached volume (%s with %d sectors of %d bytes, now %s with %d of %d): "+
-			"it was changed on the provider while the volume was attached", v.mode, l.Sectors, l.SectorSize, h.Mode, h.Layout.Sectors, h.Layout.SectorSize)
+			"it was changed on the provider while the volume was attached", v.Mode(), l.Sectors, l.SectorSize, h.Mode, h.Layout.Sectors, h.Layout.SectorSize)
 	}
 	k, err := reencrypt.DeviceKeys(h, mk)
 	if err != nil {
@@ -76,7 +77,7 @@ func (v *Volume) Resume(mk *keys.MasterKey) error {
 		k.Previous.Wipe()
 		return err
 	}
-	v.codec, v.prev = k.Codec, k.Previous
+	v.codecs, v.prev = []sector.Codec{k.Codec}, k.Previous
 	return nil
 }
 
@@ -86,10 +87,10 @@ func (v *Volume) Suspended() (bool, time.Time) { return v.dev.Suspended() }
 // wipeKeys wipes the keys the volume holds besides the device's: the codecs (which the
 // device uses and does not own) and a re-encryption's previous keys.
 func (v *Volume) wipeKeys() {
-	if v.codec != nil {
-		v.codec.Wipe()
-		v.codec = nil
+	for _, c := range v.codecs {
+		c.Wipe()
 	}
+	v.codecs = nil
 	v.prev.Wipe()
 	v.prev = nil
 }
