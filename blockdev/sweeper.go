@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +30,9 @@ type SweeperConfig struct {
 	// Finish drops the previous key from the volume's header (keys.FinishReencrypt):
 	// Run calls it once the sweep's moves are durable, then Device.ForgetPrevious.
 	Finish func() error
+	// MaxRate, if positive, bounds the sweep to about that many bytes a second (rests
+	// after each step), whatever the clients do.
+	MaxRate int64
 	// OnProgress is told the status after every step, from Run's goroutine.
 	OnProgress func(ReencryptStatus)
 }
@@ -59,6 +63,8 @@ type Sweeper struct {
 	cp      uint64 // the last checkpoint recorded (or the device's cursor when Run began)
 
 	cpMu sync.Mutex // one checkpoint at a time: Run's, or Checkpoint's
+
+	maxRate atomic.Int64 // SweeperConfig.MaxRate, which SetMaxRate changes
 }
 
 // NewSweeper makes a sweeper for d, which must hold a re-encryption (Config.Reencrypt at
@@ -79,8 +85,12 @@ func NewSweeper(d *Device, cfg SweeperConfig) *Sweeper {
 	s := &Sweeper{d: d, cfg: cfg}
 	s.cond.L = &s.mu
 	d.sweeper.Store(s) // Device.Suspend pauses it
+	s.maxRate.Store(max(cfg.MaxRate, 0))
 	return s
 }
+
+// SetMaxRate changes SweeperConfig.MaxRate from the next step on (0: no bound).
+func (s *Sweeper) SetMaxRate(bytesPerSecond int64) { s.maxRate.Store(max(bytesPerSecond, 0)) }
 
 // Pause keeps the sweeper from starting another step, and returns once no step runs: the
 // device then has no sweep I/O under way until Resume.
@@ -202,8 +212,15 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if st.Cursor == st.Sectors {
 			break
 		}
+		var rest time.Duration
 		if s.cfg.Yield > 0 && busy {
-			t := time.NewTimer(time.Duration(s.cfg.Yield * float64(took)))
+			rest = time.Duration(s.cfg.Yield * float64(took))
+		}
+		if r := s.maxRate.Load(); r > 0 {
+			rest = max(rest, time.Duration(float64(step)*float64(d.s)/float64(r)*float64(time.Second))-took)
+		}
+		if rest > 0 {
+			t := time.NewTimer(rest)
 			select {
 			case <-ctx.Done():
 			case <-t.C:

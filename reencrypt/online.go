@@ -179,6 +179,18 @@ func (o *Online) Resume() {
 	}
 }
 
+// SetMaxRate bounds the running sweep to about bytesPerSecond (0: no bound) from its
+// next step on; false if no sweep runs.
+func (o *Online) SetMaxRate(bytesPerSecond int64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.running {
+		return false
+	}
+	o.sw.SetMaxRate(bytesPerSecond)
+	return true
+}
+
 func (o *Online) sweeper() *blockdev.Sweeper {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -61,6 +61,13 @@ func (r *ReencryptStatus) Percent() float64 {
 	return 100 * float64(r.Cursor) / float64(r.Sectors)
 }
 
+// ReencryptOptions say how an attached volume's sweep runs.
+type ReencryptOptions struct {
+	// MaxRate bounds the sweep to about this many bytes a second (0: as fast as the
+	// clients leave room for). A re-encryption that the next attach resumes runs without.
+	MaxRate int64 `json:"max_rate,omitempty"`
+}
+
 // reencryption is the volume's re-encryption in this server.
 type reencryption struct {
 	on      *reencrypt.Online
@@ -91,7 +98,7 @@ const rateWindow = 10 * time.Second
 // once the sweep has started; Status follows it. A re-encryption under way is refused
 // (keys.ErrReencrypting), and so is a read-only, onetime or failed volume. pr stays the
 // caller's to wipe.
-func (v *Volume) Reencrypt(pr *keys.PreparedReencrypt) error {
+func (v *Volume) Reencrypt(pr *keys.PreparedReencrypt, o ReencryptOptions) error {
 	v.reMu.Lock()
 	defer v.reMu.Unlock()
 	if err := v.canReencrypt(); err != nil {
@@ -107,14 +114,14 @@ func (v *Volume) Reencrypt(pr *keys.PreparedReencrypt) error {
 	v.codecs = append(v.codecs, next)
 	v.setMode(on.To)
 	v.log.Info("re-encryption started", "from", on.From.String(), "to", on.To.String(), "epoch", on.Epoch)
-	v.runReencrypt(on)
+	v.runReencrypt(on, o)
 	return nil
 }
 
 // ResumeReencrypt starts the sweep of a re-encryption under way that is not running:
 // one whose sweep failed, or that Open found (Start resumes that one by itself).
 // ErrReencrypting if it runs; keys.ErrNotReencrypting if none is under way.
-func (v *Volume) ResumeReencrypt() error {
+func (v *Volume) ResumeReencrypt(o ReencryptOptions) error {
 	v.reMu.Lock()
 	defer v.reMu.Unlock()
 	if err := v.canReencrypt(); err != nil {
@@ -132,7 +139,7 @@ func (v *Volume) ResumeReencrypt() error {
 	}
 	v.log.Info("re-encryption resumed", "from", re.on.From.String(), "to", re.on.To.String(), "epoch", re.on.Epoch,
 		"cursor", v.dev.Reencryption().Cursor)
-	v.runReencrypt(re.on)
+	v.runReencrypt(re.on, o)
 	return nil
 }
 
@@ -146,13 +153,13 @@ func (v *Volume) resumePending() {
 	}
 	v.log.Info("re-encryption resumed", "from", v.re.on.From.String(), "to", v.re.on.To.String(), "epoch", v.re.on.Epoch,
 		"cursor", v.dev.Reencryption().Cursor)
-	v.runReencrypt(v.re.on)
+	v.runReencrypt(v.re.on, ReencryptOptions{})
 }
 
 // Reencrypt begins a re-encryption of the served volume from a start prepared by
 // another process: header is keys.PreparedReencrypt.Header, key the new master key
 // (copied; the caller wipes its copy). See Volume.Reencrypt.
-func (s *Server) Reencrypt(header, key []byte) error {
+func (s *Server) Reencrypt(header, key []byte, o ReencryptOptions) error {
 	if s.vol == nil {
 		return errors.New("the server serves no volume yet")
 	}
@@ -161,7 +168,19 @@ func (s *Server) Reencrypt(header, key []byte) error {
 		return err
 	}
 	defer pr.Wipe()
-	return s.vol.Reencrypt(pr)
+	return s.vol.Reencrypt(pr, o)
+}
+
+// SetReencryptRate bounds the running sweep to about bytesPerSecond (0: no bound);
+// keys.ErrNotReencrypting if none runs.
+func (v *Volume) SetReencryptRate(bytesPerSecond int64) error {
+	v.reMu.Lock()
+	defer v.reMu.Unlock()
+	if v.re == nil || !v.re.on.SetMaxRate(bytesPerSecond) {
+		return fmt.Errorf("%w: no sweep runs", keys.ErrNotReencrypting)
+	}
+	v.log.Info("re-encryption rate", "max_bytes_per_second", bytesPerSecond)
+	return nil
 }
 
 func (v *Volume) canReencrypt() error {
@@ -184,7 +203,7 @@ var ErrStopping = errors.New("the server is stopping")
 
 // runReencrypt runs on's sweep in a goroutine until it ends or Close stops it. The
 // caller holds reMu.
-func (v *Volume) runReencrypt(on *reencrypt.Online) {
+func (v *Volume) runReencrypt(on *reencrypt.Online, o ReencryptOptions) {
 	re := v.re
 	if re == nil || re.on != on {
 		re = &reencryption{on: on, started: time.Now()}
@@ -198,6 +217,7 @@ func (v *Volume) runReencrypt(on *reencrypt.Online) {
 	re.samples = append(re.samples[:0], progressSample{time.Now(), re.last.Cursor})
 	re.mu.Unlock()
 	cfg := v.sweep
+	cfg.MaxRate = o.MaxRate
 	cfg.OnProgress = func(st blockdev.ReencryptStatus) {
 		re.progress(st)
 		if v.onStep != nil {
@@ -312,8 +332,8 @@ func (v *Volume) unsuspendReencrypt(mk *keys.MasterKey) error {
 	return nil
 }
 
-// reencryptStatus is the re-encryption's part of Status: nil when there is none.
-func (v *Volume) reencryptStatus() *ReencryptStatus {
+// Reencryption is the re-encryption's part of Status: nil when there is none.
+func (v *Volume) Reencryption() *ReencryptStatus {
 	v.reMu.Lock()
 	re := v.re
 	v.reMu.Unlock()

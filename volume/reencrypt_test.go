@@ -252,7 +252,7 @@ func TestOnlineReencrypt(t *testing.T) {
 			c := startClient(v, base, 5)
 			hdr, key := prepareReenc(t, p, tc.to)
 			srv := &Server{vol: v}
-			if err := srv.Reencrypt(hdr, key); err != nil {
+			if err := srv.Reencrypt(hdr, key, ReencryptOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			clear(key)
@@ -300,16 +300,16 @@ func TestOnlineReencryptStopResume(t *testing.T) {
 		}
 	}
 	hdr, key := prepareReenc(t, p, 0)
-	if err := v.Reencrypt(mustParse(t, hdr, key)); err != nil {
+	if err := v.Reencrypt(mustParse(t, hdr, key), ReencryptOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	<-halfway
 	// The same start again (what a second eli reencrypt that read the header before
 	// the first one's start would send).
-	if err := (&Server{vol: v}).Reencrypt(hdr, key); !errors.Is(err, keys.ErrReencrypting) {
+	if err := (&Server{vol: v}).Reencrypt(hdr, key, ReencryptOptions{}); !errors.Is(err, keys.ErrReencrypting) {
 		t.Fatalf("a second re-encryption through the server: %v", err)
 	}
-	if err := v.ResumeReencrypt(); !errors.Is(err, keys.ErrReencrypting) {
+	if err := v.ResumeReencrypt(ReencryptOptions{}); !errors.Is(err, keys.ErrReencrypting) {
 		t.Fatalf("resuming a running re-encryption: %v", err)
 	}
 	st := v.Status().Reencrypt
@@ -340,7 +340,7 @@ func TestOnlineReencryptStopResume(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("a volume halfway reads other data")
 	}
-	if err := ro.ResumeReencrypt(); err == nil {
+	if err := ro.ResumeReencrypt(ReencryptOptions{}); err == nil {
 		t.Fatal("a read-only volume resumed its re-encryption")
 	}
 	ro.Close()
@@ -372,7 +372,7 @@ func TestOnlineReencryptSuspend(t *testing.T) {
 	var once sync.Once
 	v.onStep = func(st blockdev.ReencryptStatus) { once.Do(func() { close(started) }) }
 	hdr, key := prepareReenc(t, p, 0)
-	if err := v.Reencrypt(mustParse(t, hdr, key)); err != nil {
+	if err := v.Reencrypt(mustParse(t, hdr, key), ReencryptOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	<-started

@@ -98,7 +98,7 @@ func (v *Volume) Status() Status {
 		Journal:          r.Journal,
 		RecoveredSectors: r.Sectors,
 		Authenticated:    v.Mode().Authenticated(),
-		Reencrypt:        v.reencryptStatus(),
+		Reencrypt:        v.Reencryption(),
 	}
 	s.LastFlush = v.LastFlush()
 	s.Witness = v.WitnessProblem()
