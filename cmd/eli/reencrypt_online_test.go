@@ -21,7 +21,7 @@ import (
 // died).
 type blockClient struct {
 	mu      sync.Mutex
-	flushed []byte         // every block's value at the last completed flush
+	flushed []byte           // every block's value at the last completed flush
 	maybe   map[int][][]byte // blocks written since: values a crash may have kept
 	stop    chan struct{}
 	done    chan error
