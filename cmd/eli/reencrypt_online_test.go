@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -11,7 +12,11 @@ import (
 	"time"
 
 	"github.com/elidisk/eli/internal/elitest"
+	"github.com/elidisk/eli/internal/memscan"
+	"github.com/elidisk/eli/internal/testtool"
+	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdclient"
+	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/volume"
 )
 
@@ -331,4 +336,72 @@ func TestReencryptAttachedKill9(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReencryptAttachedForgetsOldKey: after an attached volume's re-encryption, the
+// server's memory holds neither the old journal key nor the new master key (which it
+// kept for the header's checkpoints and end); before, the scan finds the old data and
+// journal keys there, so that it can fail. The old data key is only counted: the
+// XChaCha20 kernels hold a ChaCha state with the key words on the stack of the goroutine
+// that seals or opens, and when that stack grows the Go runtime copies it and frees the
+// old one unzeroed (docs/threat-model.md, "What suspend cannot wipe": old goroutine
+// stacks), which a scan of a process that swept a whole volume finds.
+func TestReencryptAttachedForgetsOldKey(t *testing.T) {
+	testtool.NeedRoot(t) // reading another process's memory (the server is not dumpable)
+	t.Parallel()
+	e := newEnv(t)
+	img := e.initVolume("mem.img", "32M")
+	keysOf := func() (mk, data, journal []byte) {
+		p, err := provider.Open(img, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		h, err := keys.Read(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pass, err := os.ReadFile(e.Pass)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, _, err := h.Unlock(keys.Credentials{Passphrase: bytes.TrimRight(pass, "\n")}, keys.AnySlot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer k.Wipe()
+		dk, jk := k.DataKey(h.Mode), k.JournalKey()
+		defer dk.Wipe()
+		defer jk.Wipe()
+		return bytes.Clone(k.Bytes()), bytes.Clone(dk.Bytes()), bytes.Clone(jk.Bytes())
+	}
+	_, oldData, oldJournal := keysOf()
+	sock := e.attach(img)
+	writeRandom(t, sock, 16<<20, 8)
+	pid := e.Attached("mem.img").Pid
+	before, err := memscan.Scan(pid, oldData, oldJournal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[int]bool{}
+	for _, m := range before.Matches {
+		found[m.Pattern] = true
+	}
+	if !found[0] || !found[1] {
+		t.Fatalf("before the re-encryption the scan finds the old data key: %v, journal key: %v; it cannot show their absence", found[0], found[1])
+	}
+	e.OK("reencrypt", "--passphrase-file", e.Pass, "mem.img")
+	newMK, _, _ := keysOf()
+	after, err := memscan.Scan(pid, oldData, oldJournal, newMK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range after.Matches {
+		if m.Pattern == 0 {
+			t.Logf("a copy of the old data key left on a freed goroutine stack: %v", m)
+			continue
+		}
+		t.Errorf("after the re-encryption the server holds %s: %v", []string{"the old data key", "the old journal key", "the new master key"}[m.Pattern], m)
+	}
+	e.OK("detach", "mem.img")
 }
