@@ -48,9 +48,9 @@ const (
 // Sweeper drives a device's re-encryption from its cursor to the end: steps of Sweep,
 // paced so that clients keep most of the device (it rests after a step that overlapped
 // their requests), checkpoints recorded by the caller, and at the end the previous key
-// dropped from the header and from the device. Pause holds it between steps (detach;
-// Device.Suspend holds it too, on its own); Run returns when the context ends, after a
-// last checkpoint.
+// dropped from the header and from the device. Pause holds it between steps, and so
+// does Device.Suspend, on its own, after it has recorded a checkpoint; Run returns when
+// the context ends, after a last checkpoint if the sweep moved since.
 type Sweeper struct {
 	d   *Device
 	cfg SweeperConfig
@@ -84,8 +84,12 @@ func NewSweeper(d *Device, cfg SweeperConfig) *Sweeper {
 	}
 	s := &Sweeper{d: d, cfg: cfg}
 	s.cond.L = &s.mu
-	d.sweeper.Store(s) // Device.Suspend pauses it
 	s.maxRate.Store(max(cfg.MaxRate, 0))
+	// Device.Suspend holds it; one made while the device is suspended starts held.
+	d.susMu.Lock()
+	d.sweeper.Store(s)
+	s.held, _ = d.Suspended()
+	d.susMu.Unlock()
 	return s
 }
 
@@ -228,6 +232,24 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			t.Stop()
 		}
 	}
+	// The end is a step too: a suspend waits for it or holds it, since it needs the keys.
+	if !s.begin(ctx) {
+		return errors.Join(ctx.Err(), s.checkpoint(st.Cursor))
+	}
+	err := s.finish()
+	s.end()
+	if err != nil {
+		return err
+	}
+	if s.cfg.OnProgress != nil {
+		s.cfg.OnProgress(d.Reencryption())
+	}
+	return nil
+}
+
+// finish ends the re-encryption once the sweep has reached the end.
+func (s *Sweeper) finish() error {
+	d := s.d
 	if err := d.FinishSweep(); err != nil {
 		return fmt.Errorf("finish the re-encryption's sweep: %w", err)
 	}
@@ -239,16 +261,13 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	if err := d.ForgetPrevious(); err != nil {
 		return fmt.Errorf("drop the previous key from the device: %w", err)
 	}
-	if s.cfg.OnProgress != nil {
-		s.cfg.OnProgress(d.Reencryption())
-	}
 	return nil
 }
 
 // Checkpoint records where the sweep stands now (a flush, then Config.Checkpoint), for
-// a paused sweeper whose device is about to stop serving for a while (suspend): the
-// checkpoint that Run records when its context ends is then skipped if the sweep has not
-// moved since. Call it between Pause and Resume.
+// a paused or held sweeper whose device is about to stop serving for a while
+// (Device.Suspend calls it): the checkpoint that Run records when its context ends is
+// then skipped if the sweep has not moved since. Call it while no step runs.
 func (s *Sweeper) Checkpoint() error {
 	st := s.d.Reencryption()
 	if !st.Active || st.Done {
