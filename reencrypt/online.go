@@ -16,10 +16,12 @@ import (
 // volume's). The process that serves the device holds the provider, so it writes the
 // header's start, checkpoints and end; the keyslots' credentials, and their Argon2id
 // work, stay with whoever asked for the re-encryption (keys.PrepareReencrypt). Run
-// sweeps in steps that yield to clients; Pause and Suspend hold it between steps.
+// sweeps in steps that yield to clients; Pause holds it between steps, and so does a
+// suspend of the device (blockdev.Device.Suspend).
 //
 // Online keeps the current master key for the header's checkpoints and end, from Start
-// or Resume until Run ends or Close; Suspend wipes it, Unsuspend takes it back.
+// or Resume until Run ends or Close; for a suspend, DropKey wipes it and TakeKey gives it
+// back (the device's Suspend and Resume hold the sweep meanwhile).
 type Online struct {
 	p        provider.Provider
 	d        *blockdev.Device
@@ -27,11 +29,11 @@ type Online struct {
 	From, To sector.Mode
 	Epoch    uint64
 
-	mu        sync.Mutex
-	mk        *keys.MasterKey // nil while suspended, and once Run or Close ended
-	suspended bool
-	paused    bool // Pause
-	running   bool // Run is under way
+	mu      sync.Mutex
+	mk      *keys.MasterKey // nil after DropKey (suspended), and once Run or Close ended
+	closed  bool            // Run ended the re-encryption, or Close
+	paused  bool            // Pause
+	running bool            // Run is under way
 }
 
 // ErrSuspended: a header update asked of an Online whose keys were wiped by Suspend.
@@ -127,13 +129,13 @@ func (o *Online) Run(ctx context.Context, cfg blockdev.SweeperConfig) error {
 	case o.running:
 		o.mu.Unlock()
 		return fmt.Errorf("%w: its sweep runs already", keys.ErrReencrypting)
-	case o.mk == nil && !o.suspended:
+	case o.closed:
 		o.mu.Unlock()
 		return errors.New("reencrypt: Online.Run after the end or Close")
 	}
 	o.running = true
-	o.sw = blockdev.NewSweeper(o.d, cfg)
-	if o.suspended || o.paused {
+	o.sw = blockdev.NewSweeper(o.d, cfg) // held from the start if the device is suspended
+	if o.paused {
 		o.sw.Pause()
 	}
 	o.mu.Unlock()
@@ -169,12 +171,12 @@ func (o *Online) Pause() {
 	}
 }
 
-// Resume undoes Pause (a suspended Online stays paused until Unsuspend).
+// Resume undoes Pause (a suspended device holds the sweep until its own Resume).
 func (o *Online) Resume() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.paused = false
-	if o.sw != nil && !o.suspended {
+	if o.sw != nil {
 		o.sw.Resume()
 	}
 }
@@ -191,44 +193,20 @@ func (o *Online) SetMaxRate(bytesPerSecond int64) bool {
 	return true
 }
 
-func (o *Online) sweeper() *blockdev.Sweeper {
+// DropKey wipes the master key, for a suspend: Device.Suspend has recorded where the
+// sweep stands (the checkpoint of the Sweeper it holds) and holds the sweep until
+// Device.Resume, so nothing needs the key meanwhile; a checkpoint or an end asked all
+// the same fails with ErrSuspended.
+func (o *Online) DropKey() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.sw
-}
-
-// Suspend pauses the sweep, records where it stands (a flush of the device, then the
-// header's checkpoint), and wipes the master key: the volume is about to drop every key
-// (suspend). Until Unsuspend the sweep stays paused, and a Run that ends records
-// nothing more. A checkpoint that fails is returned; the key is wiped all the same, and
-// the re-encryption resumes from the previous checkpoint.
-func (o *Online) Suspend() error {
-	o.mu.Lock()
-	o.suspended = true
-	sw := o.sw
-	o.mu.Unlock()
-	var err error
-	if sw != nil {
-		sw.Pause()
-		err = sw.Checkpoint()
-	} else if st := o.d.Reencryption(); st.Active && !st.Done {
-		if err = o.d.Flush(); err == nil {
-			err = o.withKey(func(mk *keys.MasterKey) error { return keys.SetReencryptCursor(o.p, mk, st.Cursor) })
-		}
-	}
-	if errors.Is(err, ErrSuspended) {
-		err = nil // suspended already: recorded then
-	}
-	o.mu.Lock()
 	o.mk.Wipe()
 	o.mk = nil
-	o.mu.Unlock()
-	return err
 }
 
-// Unsuspend takes the master key back after Suspend (mk, unlocked again: it copies it)
-// and lets the sweep go on unless Pause holds it.
-func (o *Online) Unsuspend(mk *keys.MasterKey) error {
+// TakeKey gives the master key back after DropKey, before Device.Resume lets the sweep
+// go on: mk, unlocked again, must verify the volume's header; TakeKey copies it.
+func (o *Online) TakeKey(mk *keys.MasterKey) error {
 	h, err := keys.Read(o.p)
 	if err != nil {
 		return err
@@ -242,11 +220,12 @@ func (o *Online) Unsuspend(mk *keys.MasterKey) error {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.mk.Wipe()
-	o.mk, o.suspended = own, false
-	if o.sw != nil && !o.paused {
-		o.sw.Resume()
+	if o.closed {
+		own.Wipe()
+		return nil
 	}
+	o.mk.Wipe()
+	o.mk = own
 	return nil
 }
 
@@ -254,6 +233,6 @@ func (o *Online) Unsuspend(mk *keys.MasterKey) error {
 func (o *Online) Close() {
 	o.mu.Lock()
 	o.mk.Wipe()
-	o.mk = nil
+	o.mk, o.closed = nil, true
 	o.mu.Unlock()
 }

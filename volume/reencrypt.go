@@ -22,7 +22,7 @@ import (
 // Re-encryption states in ReencryptStatus.
 const (
 	ReencryptRunning = "running" // the sweep runs (resting while clients are busy)
-	ReencryptPaused  = "paused"  // held between steps (suspend)
+	ReencryptPaused  = "paused"  // held between steps while the volume is suspended
 	ReencryptWaiting = "waiting" // under way, not swept by this server: attached read-only
 	ReencryptStopped = "stopped" // the sweep failed (Error says why); 'eli reencrypt' resumes it
 	ReencryptDone    = "done"    // ended in this server: the old key is gone from the header
@@ -77,7 +77,6 @@ type reencryption struct {
 
 	mu       sync.Mutex
 	running  bool
-	paused   bool
 	err      error
 	last     blockdev.ReencryptStatus
 	finished time.Time
@@ -99,6 +98,8 @@ const rateWindow = 10 * time.Second
 // (keys.ErrReencrypting), and so is a read-only, onetime or failed volume. pr stays the
 // caller's to wipe.
 func (v *Volume) Reencrypt(pr *keys.PreparedReencrypt, o ReencryptOptions) error {
+	v.keyMu.Lock() // the device's keys change: not while a suspend wipes them
+	defer v.keyMu.Unlock()
 	v.reMu.Lock()
 	defer v.reMu.Unlock()
 	if err := v.canReencrypt(); err != nil {
@@ -191,6 +192,8 @@ func (v *Volume) canReencrypt() error {
 		return errors.New("a onetime volume has no header and no key to change: detach it and attach it again for a new random key")
 	case v.closing:
 		return ErrStopping
+	case v.suspended():
+		return fmt.Errorf("%w: resume it first ('eli resume')", blockdev.ErrSuspended)
 	}
 	if err := v.Err(); err != nil {
 		return fmt.Errorf("the volume failed (%v): detach it, attach it again, and re-encrypt then", err)
@@ -270,14 +273,22 @@ func (re *reencryption) progress(st blockdev.ReencryptStatus) {
 
 // forgetPrevious wipes the previous keys once the device no longer holds them.
 func (v *Volume) forgetPrevious() {
-	v.reMu.Lock()
-	defer v.reMu.Unlock()
-	for _, c := range v.codecs[:len(v.codecs)-1] {
-		c.Wipe()
+	v.keyMu.Lock()
+	defer v.keyMu.Unlock()
+	if len(v.codecs) > 1 { // none while suspended: the suspend wiped them all
+		for _, c := range v.codecs[:len(v.codecs)-1] {
+			c.Wipe()
+		}
+		v.codecs = v.codecs[len(v.codecs)-1:]
 	}
-	v.codecs = v.codecs[len(v.codecs)-1:]
 	v.prev.Wipe()
 	v.prev = nil
+}
+
+// suspended reports whether the volume is suspended.
+func (v *Volume) suspended() bool {
+	ok, _ := v.dev.Suspended()
+	return ok
 }
 
 // stopReencrypt stops a running sweep at the end of its step, with a checkpoint, and
@@ -298,38 +309,6 @@ func (v *Volume) stopReencrypt() {
 		<-done
 	}
 	re.on.Close()
-}
-
-// suspendReencrypt holds a running sweep between steps, records where it stands, and
-// wipes the master key it keeps, for a suspend that is about to wipe every key;
-// unsuspendReencrypt gives it the key again (unlocked anew) and lets it go on.
-func (v *Volume) suspendReencrypt() error {
-	v.reMu.Lock()
-	re := v.re
-	v.reMu.Unlock()
-	if re == nil {
-		return nil
-	}
-	re.mu.Lock()
-	re.paused = true
-	re.mu.Unlock()
-	return re.on.Suspend()
-}
-
-func (v *Volume) unsuspendReencrypt(mk *keys.MasterKey) error {
-	v.reMu.Lock()
-	re := v.re
-	v.reMu.Unlock()
-	if re == nil {
-		return nil
-	}
-	if err := re.on.Unsuspend(mk); err != nil {
-		return err
-	}
-	re.mu.Lock()
-	re.paused = false
-	re.mu.Unlock()
-	return nil
 }
 
 // Reencryption is the re-encryption's part of Status: nil when there is none.
@@ -359,7 +338,7 @@ func (v *Volume) Reencryption() *ReencryptStatus {
 	switch {
 	case !re.finished.IsZero():
 		st.State, st.Cursor = ReencryptDone, d.Sectors
-	case re.paused:
+	case v.suspended():
 		st.State = ReencryptPaused
 	case re.running:
 		st.State = ReencryptRunning

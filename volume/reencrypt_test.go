@@ -2,6 +2,7 @@ package volume
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -360,9 +361,12 @@ func TestOnlineReencryptStopResume(t *testing.T) {
 	checkDone(t, path, 1, sector.ModeXChaCha20Poly1305, data)
 }
 
-// TestOnlineReencryptSuspend: the hooks a suspend uses: the sweep holds, where it
-// stands is recorded in the header, the master key it kept is wiped (a header update
-// is then refused), and with the key back it goes on to the end.
+// TestOnlineReencryptSuspend: a suspend halfway through an online re-encryption holds
+// the sweep between steps and records where it stands in the header before the keys go
+// (so a server stopped while suspended loses no progress); meanwhile the sweep does not
+// move, requests wait, a new start or a resume of the sweep is refused, and a second
+// suspend too; a resume with the master key derives the previous keys again, lets the
+// held read in (it reads what was written) and the sweep go on to the end.
 func TestOnlineReencryptSuspend(t *testing.T) {
 	t.Parallel()
 	path := reencVolume(t, layout.Version1, sector.ModeXChaCha20Poly1305, 24<<20)
@@ -372,11 +376,11 @@ func TestOnlineReencryptSuspend(t *testing.T) {
 	var once sync.Once
 	v.onStep = func(st blockdev.ReencryptStatus) { once.Do(func() { close(started) }) }
 	hdr, key := prepareReenc(t, p, 0)
-	if err := v.Reencrypt(mustParse(t, hdr, key), ReencryptOptions{}); err != nil {
+	if err := v.Reencrypt(mustParse(t, hdr, key), ReencryptOptions{MaxRate: 8 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	<-started
-	if err := v.suspendReencrypt(); err != nil {
+	if err := v.Suspend(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	st := v.Status().Reencrypt
@@ -390,20 +394,39 @@ func TestOnlineReencryptSuspend(t *testing.T) {
 	if c := h.Reencryption().Cursor; c != st.Cursor || c == 0 {
 		t.Fatalf("header checkpoint %d, the sweep stands at %d", c, st.Cursor)
 	}
-	if err := v.re.on.Suspend(); err != nil { // a second suspend records nothing new, and has no key to do it with
-		t.Fatal(err)
+	if err := v.Suspend(context.Background()); !errors.Is(err, blockdev.ErrSuspended) {
+		t.Fatalf("a second suspend: %v", err)
 	}
+	if err := v.ResumeReencrypt(ReencryptOptions{}); !errors.Is(err, blockdev.ErrSuspended) {
+		t.Fatalf("a resume of the sweep while suspended: %v", err)
+	}
+	if err := v.Reencrypt(mustParse(t, hdr, key), ReencryptOptions{}); !errors.Is(err, blockdev.ErrSuspended) {
+		t.Fatalf("a start while suspended: %v", err)
+	}
+	got := make([]byte, len(data))
+	read := make(chan error, 1)
+	go func() { read <- v.ReadAt(got, 0) }()
 	mk, _, err := h.Unlock(testPass, keys.AnySlot)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer mk.Wipe()
-	// The sweep does not move while suspended: the device's cursor stays where the
-	// header's checkpoint is.
+	time.Sleep(200 * time.Millisecond) // the sweep would have moved meanwhile, and the read been answered
 	if c := v.dev.Reencryption().Cursor; c != st.Cursor {
 		t.Fatalf("the sweep moved while suspended: %d, then %d", st.Cursor, c)
 	}
-	if err := v.unsuspendReencrypt(mk); err != nil {
+	select {
+	case err := <-read:
+		t.Fatalf("a read was answered while suspended: %v", err)
+	default:
+	}
+	if err := v.Resume(mk); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the read held while suspended: %v, same data: %v", err, bytes.Equal(got, data))
+	}
+	if err := v.SetReencryptRate(0); err != nil {
 		t.Fatal(err)
 	}
 	waitReenc(t, v, ReencryptDone)

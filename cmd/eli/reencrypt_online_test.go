@@ -124,12 +124,14 @@ func (c *blockClient) check(t *testing.T, socket, when string) {
 	clear(c.maybe)
 }
 
-// reencStatus is eli status --json's re-encryption, nil when there is none.
+// reencStatus is eli status --json's re-encryption, nil when there is none. Status
+// exits 1 for a volume that does not serve (suspended) and prints it all the same.
 func (e *env) reencStatus(name string) *volume.ReencryptStatus {
 	e.t.Helper()
+	r := e.Run("", "status", "--json", name)
 	var st volume.Status
-	if err := json.Unmarshal([]byte(e.OK("status", "--json", name).Stdout), &st); err != nil {
-		e.t.Fatal(err)
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil || r.Code > 1 {
+		e.t.Fatalf("eli status --json %s: %v, %v", name, err, r)
 	}
 	return st.Reencrypt
 }
@@ -229,8 +231,9 @@ func TestReencryptAttached(t *testing.T) {
 // TestReencryptAttachedInteractions: what else may happen to a volume while its server
 // re-encrypts it. A read-only attach cannot be re-encrypted. A detach stops the
 // re-encryption at a checkpoint; a backup taken halfway warns that it holds the previous
-// key; resize works halfway (detached); the next attach resumes the re-encryption by
-// itself and takes it to the new end; the backup from halfway is refused afterwards.
+// key; restoring a backup from before is refused halfway; resize works halfway (detached); the
+// next attach resumes the re-encryption by itself and takes it to the new end; the
+// backup from halfway is refused afterwards.
 func TestReencryptAttachedInteractions(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -240,6 +243,8 @@ func TestReencryptAttachedInteractions(t *testing.T) {
 	e.OK("detach", "ia.img")
 	sock = e.attach(img)
 	data := writeRandom(t, sock, 48<<20, 5)
+	before := e.Path("before.backup")
+	e.OK("backup", img, before)
 	e.OK("reencrypt", "--passphrase-file", e.Pass, "--max-rate", "16M", "--detach", "ia.img")
 	e.waitReencrypt("ia.img", volume.ReencryptRunning)
 	halfway := e.Path("halfway.backup")
@@ -252,6 +257,8 @@ func TestReencryptAttachedInteractions(t *testing.T) {
 	if !strings.Contains(dump, "under way") {
 		t.Fatalf("a detach halfway did not leave the re-encryption under way:\n%s", dump)
 	}
+	// A backup from before would leave the sectors already moved under a key it lacks.
+	e.FailsCode(1, "re-encrypted since", "restore", before, img)
 	e.OK("resize", "--passphrase-file", e.Pass, "--size", "96M", img)
 	sock = e.attach(img)
 	st := e.waitReencrypt("ia.img", volume.ReencryptDone)
@@ -351,31 +358,7 @@ func TestReencryptAttachedForgetsOldKey(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	img := e.initVolume("mem.img", "32M")
-	keysOf := func() (mk, data, journal []byte) {
-		p, err := provider.Open(img, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
-		h, err := keys.Read(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pass, err := os.ReadFile(e.Pass)
-		if err != nil {
-			t.Fatal(err)
-		}
-		k, _, err := h.Unlock(keys.Credentials{Passphrase: bytes.TrimRight(pass, "\n")}, keys.AnySlot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer k.Wipe()
-		dk, jk := k.DataKey(h.Mode), k.JournalKey()
-		defer dk.Wipe()
-		defer jk.Wipe()
-		return bytes.Clone(k.Bytes()), bytes.Clone(dk.Bytes()), bytes.Clone(jk.Bytes())
-	}
-	_, oldData, oldJournal := keysOf()
+	_, oldData, oldJournal := e.volumeKeys(img)
 	sock := e.attach(img)
 	writeRandom(t, sock, 16<<20, 8)
 	pid := e.Attached("mem.img").Pid
@@ -391,7 +374,7 @@ func TestReencryptAttachedForgetsOldKey(t *testing.T) {
 		t.Fatalf("before the re-encryption the scan finds the old data key: %v, journal key: %v; it cannot show their absence", found[0], found[1])
 	}
 	e.OK("reencrypt", "--passphrase-file", e.Pass, "mem.img")
-	newMK, _, _ := keysOf()
+	newMK, _, _ := e.volumeKeys(img)
 	after, err := memscan.Scan(pid, oldData, oldJournal, newMK)
 	if err != nil {
 		t.Fatal(err)
@@ -404,4 +387,142 @@ func TestReencryptAttachedForgetsOldKey(t *testing.T) {
 		t.Errorf("after the re-encryption the server holds %s: %v", []string{"the old data key", "the old journal key", "the new master key"}[m.Pattern], m)
 	}
 	e.OK("detach", "mem.img")
+}
+
+// volumeKeys unlocks img's header with the test's passphrase and returns copies of its
+// master key, data key and journal key.
+func (e *env) volumeKeys(img string) (mk, data, journal []byte) {
+	t := e.t
+	t.Helper()
+	h := imageHeader(t, img)
+	pass, err := os.ReadFile(e.Pass)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _, err := h.Unlock(keys.Credentials{Passphrase: bytes.TrimRight(pass, "\n")}, keys.AnySlot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Wipe()
+	dk, jk := k.DataKey(h.Mode), k.JournalKey()
+	defer dk.Wipe()
+	defer jk.Wipe()
+	return bytes.Clone(k.Bytes()), bytes.Clone(dk.Bytes()), bytes.Clone(jk.Bytes())
+}
+
+// headerCursor is the re-encryption checkpoint in img's header.
+func headerCursor(t *testing.T, img string) uint64 {
+	t.Helper()
+	return imageHeader(t, img).Reencryption().Cursor
+}
+
+// imageHeader reads img's header.
+func imageHeader(t *testing.T, img string) *keys.Header {
+	t.Helper()
+	p, err := provider.Open(img, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	h, err := keys.Read(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestReencryptAttachedSuspend: eli suspend of a volume halfway through an online
+// re-encryption records where the sweep stands in the header, and leaves in the server's
+// memory neither master key (the new one it kept for the header, the old one it never
+// had) nor either journal key; status says suspended and the re-encryption paused, and
+// it does not move; eli resume derives the previous keys again and the sweep goes on to
+// the end, every written byte intact. A server killed while suspended resumes from the
+// recorded checkpoint at the next attach.
+func TestReencryptAttachedSuspend(t *testing.T) {
+	testtool.NeedRoot(t) // reading another process's memory (the server is not dumpable)
+	t.Parallel()
+	e := newEnv(t)
+	img := e.initVolume("sus.img", "64M")
+	sock := e.attach(img)
+	data := writeRandom(t, sock, 48<<20, 9)
+	oldMK, _, oldJournal := e.volumeKeys(img)
+	e.OK("reencrypt", "--passphrase-file", e.Pass, "--max-rate", "8M", "--detach", "sus.img")
+	e.waitReencrypt("sus.img", volume.ReencryptRunning)
+	newMK, _, newJournal := e.volumeKeys(img)
+	pid := e.Attached("sus.img").Pid
+	before, err := memscan.Scan(pid, newMK, newJournal, oldJournal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !before.Found(0) || !before.Found(1) || !before.Found(2) {
+		t.Fatalf("while it re-encrypts the scan finds the new master key %v, the new journal key %v, the old one %v: it cannot show their absence",
+			before.Found(0), before.Found(1), before.Found(2))
+	}
+
+	e.OK("suspend", "sus.img")
+	st := e.reencStatus("sus.img")
+	if st == nil || st.State != volume.ReencryptPaused || st.Cursor == 0 || st.Cursor == st.Sectors {
+		t.Fatalf("re-encryption while suspended: %+v", st)
+	}
+	if c := headerCursor(t, img); c != st.Cursor {
+		t.Fatalf("the suspend recorded checkpoint %d in the header; the sweep stands at %d", c, st.Cursor)
+	}
+	after, err := memscan.Scan(pid, newMK, newJournal, oldJournal, oldMK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range after.Matches {
+		t.Errorf("the suspended server holds %s: %v", []string{"the new master key", "the new journal key", "the old journal key", "the old master key"}[m.Pattern], m)
+	}
+	time.Sleep(time.Second) // at 8 MB/s the sweep would move meanwhile
+	if again := e.reencStatus("sus.img"); again.Cursor != st.Cursor {
+		t.Fatalf("the sweep moved while suspended: %d, then %d", st.Cursor, again.Cursor)
+	}
+
+	e.OK("resume", "--passphrase-file", e.Pass, "sus.img")
+	e.OK("reencrypt", "--max-rate", "0", "--detach", "sus.img")
+	if r := e.waitReencrypt("sus.img", volume.ReencryptDone); r.Cursor != r.Sectors {
+		t.Fatalf("after the resume: %+v", r)
+	}
+	if got := readBack(t, sock, len(data)); !bytes.Equal(got, data) {
+		t.Fatal("the data changed across the suspend")
+	}
+	e.OK("detach", "sus.img")
+	if dump := e.OK("dump", img).Stdout; !strings.Contains(dump, "re-encryption:  none") {
+		t.Fatalf("after the re-encryption:\n%s", dump)
+	}
+}
+
+// TestReencryptAttachedKillSuspended: a server killed with SIGKILL while suspended halfway
+// through a re-encryption leaves the header's checkpoint where the sweep stood; the next
+// attach resumes from there and finishes, every byte intact.
+func TestReencryptAttachedKillSuspended(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	img := e.initVolume("ks.img", "64M")
+	sock := e.attach(img)
+	data := writeRandom(t, sock, 48<<20, 10)
+	e.OK("reencrypt", "--passphrase-file", e.Pass, "--max-rate", "8M", "--detach", "ks.img")
+	e.waitReencrypt("ks.img", volume.ReencryptRunning)
+	e.OK("suspend", "ks.img")
+	st := e.reencStatus("ks.img")
+	pid := e.Attached("ks.img").Pid
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if c := headerCursor(t, img); c != st.Cursor || c == 0 {
+		t.Fatalf("after kill -9 while suspended the header's checkpoint is %d; the sweep stood at %d", c, st.Cursor)
+	}
+	sock = e.attach(img)
+	if r := e.waitReencrypt("ks.img", volume.ReencryptDone); r.Moved > r.Sectors-st.Cursor {
+		t.Fatalf("the resumed sweep moved %d sectors, more than the %d left from the checkpoint", r.Moved, r.Sectors-st.Cursor)
+	}
+	if got := readBack(t, sock, len(data)); !bytes.Equal(got, data) {
+		t.Fatal("the data changed")
+	}
+	e.OK("detach", "ks.img")
 }
