@@ -64,7 +64,8 @@ func (r *ReencryptStatus) Percent() float64 {
 // ReencryptOptions say how an attached volume's sweep runs.
 type ReencryptOptions struct {
 	// MaxRate bounds the sweep to about this many bytes a second (0: as fast as the
-	// clients leave room for). A re-encryption that the next attach resumes runs without.
+	// clients leave room for). A re-encryption that the next attach resumes runs with
+	// Config.ReencryptMaxRate.
 	MaxRate int64 `json:"max_rate,omitempty"`
 }
 
@@ -144,9 +145,9 @@ func (v *Volume) ResumeReencrypt(o ReencryptOptions) error {
 	return nil
 }
 
-// resumePending resumes the re-encryption that Open found under way, if any: the
-// server does so as soon as it serves.
-func (v *Volume) resumePending() {
+// resumePending resumes the re-encryption that Open found under way, if any, with o:
+// the server does so as soon as it serves.
+func (v *Volume) resumePending(o ReencryptOptions) {
 	v.reMu.Lock()
 	defer v.reMu.Unlock()
 	if v.re == nil || v.canReencrypt() != nil {
@@ -154,7 +155,7 @@ func (v *Volume) resumePending() {
 	}
 	v.log.Info("re-encryption resumed", "from", v.re.on.From.String(), "to", v.re.on.To.String(), "epoch", v.re.on.Epoch,
 		"cursor", v.dev.Reencryption().Cursor)
-	v.runReencrypt(v.re.on, ReencryptOptions{})
+	v.runReencrypt(v.re.on, o)
 }
 
 // Reencrypt begins a re-encryption of the served volume from a start prepared by

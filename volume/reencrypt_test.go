@@ -350,7 +350,7 @@ func TestOnlineReencryptStopResume(t *testing.T) {
 	if st := v2.Status().Reencrypt; st == nil || st.State != ReencryptStopped || st.Cursor != r.Cursor {
 		t.Fatalf("status before the server serves: %+v", st)
 	}
-	v2.resumePending()
+	v2.resumePending(ReencryptOptions{})
 	st = waitReenc(t, v2, ReencryptDone)
 	if st.Moved == 0 || st.Moved > st.Sectors-r.Cursor {
 		t.Fatalf("the resumed sweep moved %d sectors of the %d from the checkpoint", st.Moved, st.Sectors-r.Cursor)

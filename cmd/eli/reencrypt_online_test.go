@@ -320,10 +320,9 @@ func TestReencryptAttachedKill9(t *testing.T) {
 				if was {
 					halfway++
 				}
-				sock = e.attach(img)
-				// The attach resumed the re-encryption at full speed: slow it down again,
-				// so that the next kill lands in it. It may have ended already.
-				e.Run("", "reencrypt", "--max-rate", "24M", "--detach", "k9.img")
+				// The attach resumes the re-encryption, slowly enough that the next kill
+				// lands in it.
+				sock = e.attach(img, "--reencrypt-max-rate", "24M")
 				c.check(t, sock, "after kill -9")
 				if !was {
 					break // ended before the kill
