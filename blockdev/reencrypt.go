@@ -269,8 +269,8 @@ func (a *authEngine) startReencrypt(ks keySet, r Reencrypt, online bool) error {
 // sweepPieceBytes bounds one piece of an authenticated sweep step: the stripe locks of
 // its sectors are held from its read to its insert, and client writes to those stripes
 // wait for it. A piece is read, opened and sealed in parallel chunks; larger pieces
-// spread over more cores at once (BenchmarkReencrypt measures the choice).
-const sweepPieceBytes = 1 << 20
+// cost more CPU a byte (BenchmarkReencrypt measures the choice).
+const sweepPieceBytes = 256 << 10
 
 func (a *authEngine) sweepStep(n uint64) error {
 	st := &a.sweep
