@@ -433,10 +433,9 @@ func imageHeader(t *testing.T, img string) *keys.Header {
 // TestReencryptAttachedSuspend: eli suspend of a volume halfway through an online
 // re-encryption records where the sweep stands in the header, and leaves in the server's
 // memory neither master key (the new one it kept for the header, the old one it never
-// had) nor either journal key; status says suspended and the re-encryption paused, and
-// it does not move; eli resume derives the previous keys again and the sweep goes on to
-// the end, every written byte intact. A server killed while suspended resumes from the
-// recorded checkpoint at the next attach.
+// had) nor either journal key; status says suspended and the re-encryption paused, the
+// sweep does not move, and a detach is refused; eli resume derives the previous keys
+// again and the sweep goes on to the end, every written byte intact.
 func TestReencryptAttachedSuspend(t *testing.T) {
 	testtool.NeedRoot(t) // reading another process's memory (the server is not dumpable)
 	t.Parallel()
@@ -478,6 +477,7 @@ func TestReencryptAttachedSuspend(t *testing.T) {
 		t.Fatalf("the sweep moved while suspended: %d, then %d", st.Cursor, again.Cursor)
 	}
 
+	e.FailsCode(1, "is suspended", "detach", "sus.img") // as any suspended volume
 	e.OK("resume", "--passphrase-file", e.Pass, "sus.img")
 	e.OK("reencrypt", "--max-rate", "0", "--detach", "sus.img")
 	if r := e.waitReencrypt("sus.img", volume.ReencryptDone); r.Cursor != r.Sectors {
