@@ -194,7 +194,7 @@ func (c *committer) runLocked(job commitJob) {
 	gen := c.jrnl.gen
 	err := c.commit(b)
 	wroteSlot := c.jrnl.gen != gen
-	took := time.Since(start)
+	took, synced := time.Since(start), c.syncTime // commitMu's: whoever holds it next may sync
 	c.commitMu.Unlock()
 
 	c.b.mu.Lock()
@@ -203,7 +203,7 @@ func (c *committer) runLocked(job commitJob) {
 		c.failLocked(b.seq, err)
 		return
 	}
-	c.b.adaptLimit(b.bytes, took, c.syncTime)
+	c.b.adaptLimit(b.bytes, took, synced)
 	c.b.endLocked(b, wroteSlot)
 }
 

@@ -82,6 +82,14 @@ func (a *authEngine) readSectors(dst []byte, first uint64, n int) error {
 type readOut struct {
 	prev []bool   // by position: the sector opened under the previous key
 	bad  []uint64 // sectors that open under no key, in order (not an error then)
+	// seal, if set, is called for each chunk [lo, hi) of the read once it is read and
+	// opened, by the goroutine that did so, while the chunk is in its core's cache: the
+	// sweep seals the chunk's sectors under the current key there. A read that must look
+	// again calls it again for the sectors it reads again.
+	seal func(lo, hi int)
+	// moved are the sectors that the read took from the committing batch after their
+	// chunk's seal (see read): they hold plaintext, not sealed.
+	moved []int
 }
 
 // read is readSectors; with out, it also says which sectors opened under the previous
@@ -113,14 +121,21 @@ func (a *authEngine) read(dst []byte, first uint64, n int, out *readOut) error {
 			// Each chunk reads its sectors from the provider and opens them at once, while
 			// they are still in this core's cache; a failure to open is only noted here,
 			// since a commit may have rewritten the sector under the read.
-			if n <= a.chunkSectors { // as in sealInsert: no pool, no closure
+			if n <= a.chunkSectors && out == nil { // as in sealInsert: no pool, no closure
 				var bad []uint64
 				bad, err = a.readOpen(dst, first, src, recs, 0, n, prev)
 				rs.noteBad(bad)
 			} else {
-				err = a.workers.runRead(n, a.chunkSectors, func(lo, hi int) error {
+				run := a.workers.runRead
+				if out != nil {
+					run = a.workers.run // the sweep's next read is not a client waiting: no spinning
+				}
+				err = run(n, a.chunkSectors, func(lo, hi int) error {
 					bad, err := a.readOpen(dst, first, src, recs, lo, hi, prev)
 					rs.noteBad(bad)
+					if err == nil && out != nil && out.seal != nil {
+						out.seal(lo, hi)
+					}
 					return err
 				})
 			}
@@ -170,6 +185,7 @@ func (a *authEngine) read(dst []byte, first uint64, n int, out *readOut) error {
 	}
 	if out != nil {
 		out.bad = append(out.bad[:0], rs.bad...)
+		out.moved = append(out.moved[:0], moved...)
 		return nil
 	}
 	return firstErr

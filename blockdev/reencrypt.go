@@ -268,7 +268,8 @@ func (a *authEngine) startReencrypt(ks keySet, r Reencrypt, online bool) error {
 
 // sweepPieceBytes bounds one piece of an authenticated sweep step: the stripe locks of
 // its sectors are held from its read to its insert, and client writes to those stripes
-// wait for it (BenchmarkReencrypt measures the choice).
+// wait for it. A piece is read, opened and sealed in parallel chunks; larger pieces
+// cost more CPU a byte (BenchmarkReencrypt measures the choice).
 const sweepPieceBytes = 256 << 10
 
 func (a *authEngine) sweepStep(n uint64) error {
@@ -292,11 +293,11 @@ func (a *authEngine) sweepStep(n uint64) error {
 // sweepPiece moves sectors [first, first+n) that are under the previous key: it reads
 // them as a client read does (through the batches, so a write not committed yet is what
 // it finds), and seals those that opened under the previous key again under the current
-// one into the pending batch. Its stripe locks, held from the read to the insert, make it
-// a read-modify-write: a client write of one of these sectors lands before the read, and
-// is what moves, or after the insert, and replaces it. Sectors with a zero record (never
-// written, trimmed) and sectors already under the current key are left alone, and so are
-// sectors that open under neither key.
+// one, chunk by chunk as each is opened, into the pending batch. Its stripe locks, held
+// from the read to the insert, make it a read-modify-write: a client write of one of
+// these sectors lands before the read, and is what moves, or after the insert, and
+// replaces it. Sectors with a zero record (never written, trimmed) and sectors already
+// under the current key are left alone, and so are sectors that open under neither key.
 func (a *authEngine) sweepPiece(first uint64, n int) error {
 	slabs := a.batches.slabs
 	cost := slabs.bytes(n)
@@ -305,18 +306,37 @@ func (a *authEngine) sweepPiece(first uint64, n int) error {
 	}
 	sl := slabs.get(n)
 	defer slabs.release(sl) // inserted entries hold their own references
-	out := readOut{prev: make([]bool, n)}
-	a.locks.lock(first, uint64(n))
-	defer a.locks.unlock(first, uint64(n))
-	if err := a.read(sl.buf[:n*a.s], first, n, &out); err != nil {
-		a.batches.unreserve(cost)
-		return err
-	}
-	a.sweep.unreadable.Add(uint64(len(out.bad)))
 	rp := a.getRecs(n)
 	defer a.putRecs(rp)
 	recs := *rp
 	s := a.s
+	out := readOut{prev: make([]bool, n)}
+	seal := func(lo, hi int) {
+		for x := lo; x < hi; {
+			if !out.prev[x] {
+				x++
+				continue
+			}
+			y := x + 1
+			for y < hi && out.prev[y] {
+				y++
+			}
+			buf := sl.buf[x*s : y*s]
+			a.keys.cur.meta.SealRunMeta(first+uint64(x), buf, buf, recordBytes(recs[x:y]))
+			x = y
+		}
+	}
+	out.seal = seal
+	a.locks.lock(first, uint64(n))
+	defer a.locks.unlock(first, uint64(n))
+	if err := a.read(sl.buf[:n*s], first, n, &out); err != nil {
+		a.batches.unreserve(cost)
+		return err
+	}
+	for _, k := range out.moved {
+		seal(k, k+1) // taken from the committing batch after its chunk's seal
+	}
+	a.sweep.unreadable.Add(uint64(len(out.bad)))
 	inserted := false
 	for x := 0; x < n; {
 		if !out.prev[x] {
@@ -327,11 +347,6 @@ func (a *authEngine) sweepPiece(first uint64, n int) error {
 		for y < n && out.prev[y] {
 			y++
 		}
-		buf, base := sl.buf[x*s:y*s], first+uint64(x)
-		a.workers.run(y-x, a.chunkSectors, func(lo, hi int) error {
-			a.keys.cur.meta.SealRunMeta(base+uint64(lo), buf[lo*s:hi*s], buf[lo*s:hi*s], recordBytes(recs[x+lo:x+hi]))
-			return nil
-		})
 		c := int64(0)
 		if !inserted {
 			c, inserted = cost, true // the slab's cost, once

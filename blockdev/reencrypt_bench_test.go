@@ -34,7 +34,11 @@ import (
 //     then for a second with one running: IOPS and p99 of each, iops-ratio (target
 //     ≥ 0.5) and p99-ratio (target ≤ 3).
 //
-//     go test -run '^$' -bench Reencrypt -benchtime 3x ./blockdev/
+// With ELI_BENCH_REENC_MBPS set, the file is behind a throttle of that many MB/s, reads
+// and writes together (throttled): a device whose bandwidth bounds the copy, as a disk's
+// does, rather than the CPU.
+//
+//	go test -run '^$' -bench Reencrypt -benchtime 3x ./blockdev/
 func BenchmarkReencrypt(b *testing.B) {
 	for _, m := range []struct {
 		name    string
@@ -49,7 +53,10 @@ func BenchmarkReencrypt(b *testing.B) {
 			mib, _ := strconv.Atoi(os.Getenv("ELI_BENCH_REENC_MIB"))
 			size := int64(cmp.Or(mib, 256)) << 20
 			dir := benchDir(b)
-			p := sparseFile(b, filepath.Join(dir, "vol"), size)
+			var p provider.Provider = sparseFile(b, filepath.Join(dir, "vol"), size)
+			if mbps, _ := strconv.ParseFloat(os.Getenv("ELI_BENCH_REENC_MBPS"), 64); mbps > 0 {
+				p = &throttled{p: p, rate: mbps * 1e6}
+			}
 			l, err := layout.PlanVersion(m.version, size, 4096, m.mode, 0)
 			if err != nil {
 				b.Fatal(err)
@@ -144,7 +151,7 @@ func BenchmarkReencrypt(b *testing.B) {
 
 // readWriteCopy reads and writes back every byte of [off, off+n) of p, 1 MiB at a time,
 // and syncs: what a re-encryption cannot do with less I/O.
-func readWriteCopy(b *testing.B, p *provider.File, off, n int64) time.Duration {
+func readWriteCopy(b *testing.B, p provider.Provider, off, n int64) time.Duration {
 	buf := make([]byte, 1<<20)
 	start := time.Now()
 	for o := int64(0); o < n; o += int64(len(buf)) {
@@ -161,6 +168,42 @@ func readWriteCopy(b *testing.B, p *provider.File, off, n int64) time.Duration {
 	}
 	return time.Since(start)
 }
+
+// throttled is a provider that moves at most rate bytes a second, reads and writes
+// together, one request after the other.
+type throttled struct {
+	p    provider.Provider
+	rate float64
+
+	mu   sync.Mutex
+	next time.Time // when the device is free
+}
+
+// wait holds the caller for the time n bytes take, after the requests before it.
+func (t *throttled) wait(n int) {
+	t.mu.Lock()
+	start := time.Now()
+	if t.next.After(start) {
+		start = t.next
+	}
+	t.next = start.Add(time.Duration(float64(n) / t.rate * float64(time.Second)))
+	end := t.next
+	t.mu.Unlock()
+	time.Sleep(time.Until(end))
+}
+
+func (t *throttled) ReadAt(b []byte, off int64) (int, error) {
+	t.wait(len(b))
+	return t.p.ReadAt(b, off)
+}
+
+func (t *throttled) WriteAt(b []byte, off int64) (int, error) {
+	t.wait(len(b))
+	return t.p.WriteAt(b, off)
+}
+
+func (t *throttled) Sync() error { return t.p.Sync() }
+func (t *throttled) Size() int64 { return t.p.Size() }
 
 type readStats struct {
 	ops  int

@@ -55,7 +55,12 @@ type reencVariant struct {
 	// concurrent: a Sweeper runs in its own goroutine, checkpointing and ending in the
 	// header, while the client works (the recorded order then varies from run to run).
 	concurrent bool
-	seeds      int // 3 when 0
+	// online: the re-encryption starts on a device that serves, as an attached volume's
+	// does (reencrypt.StartOnline): the client works under the first key, with writes
+	// pending, when the header's start (prepared elsewhere, keys.CommitReencrypt) is
+	// written and the device switches keys, and the recording begins before both.
+	online bool
+	seeds  int // 3 when 0
 }
 
 func TestReencryptCrash(t *testing.T) {
@@ -72,6 +77,9 @@ func TestReencryptCrash(t *testing.T) {
 		{name: "v1-4096-concurrent", from: sector.ModeXChaCha20Poly1305, to: sector.ModeXChaCha20Poly1305, sectorSize: 4096, sectors: 250, unit: 4096, concurrent: true},
 		{name: "v2-512-concurrent", version: layout.Version2, from: sector.ModeXChaCha20Poly1305, to: sector.ModeXChaCha20Poly1305, sectorSize: 512, sectors: 330, unit: 512, concurrent: true},
 		{name: "aes-xts-512-concurrent", from: sector.ModeAESXTS256, to: sector.ModeAESXTS256, sectorSize: 512, sectors: 700, unit: 512, concurrent: true},
+		{name: "v1-4096-online", from: sector.ModeXChaCha20Poly1305, to: sector.ModeXChaCha20Poly1305, sectorSize: 4096, sectors: 250, unit: 4096, online: true},
+		{name: "v2-512-online-concurrent", version: layout.Version2, from: sector.ModeXChaCha20Poly1305, to: sector.ModeXChaCha20Poly1305, sectorSize: 512, sectors: 330, unit: 512, online: true, concurrent: true},
+		{name: "aes128-to-aes-xts-512-online", from: sector.ModeAESXTS128, to: sector.ModeAESXTS256, sectorSize: 512, sectors: 700, unit: 512, online: true},
 	}
 	var total atomic.Int64
 	t.Run("variants", func(t *testing.T) {
@@ -213,11 +221,13 @@ func runReencryptCrash(t *testing.T, v reencVariant, seed uint64) (points int) {
 
 	rec := newRecorder(mem.data)
 	rec.mapped = v.mapped
-	mk1, err := keys.BeginReencrypt(rec, mk0, keys.ReencryptOptions{Mode: v.to, Slots: map[int]keys.Credentials{0: reencPass}})
-	if err != nil {
-		t.Fatal(err)
+	var mk1 *keys.MasterKey
+	if !v.online {
+		if mk1, err = keys.BeginReencrypt(rec, mk0, keys.ReencryptOptions{Mode: v.to, Slots: map[int]keys.Credentials{0: reencPass}}); err != nil {
+			t.Fatal(err)
+		}
+		defer mk1.Wipe()
 	}
-	defer mk1.Wipe()
 	d, _, mk, cleanup, err := openFromHeader(rec, base)
 	if err != nil {
 		t.Fatal(err)
@@ -229,6 +239,46 @@ func runReencryptCrash(t *testing.T, v reencVariant, seed uint64) (points int) {
 	for i := range w.m.initial {
 		s := int64(v.sectorSize)
 		w.m.initial[i] = sectorHash(pre[int64(i)*s : int64(i+1)*s])
+	}
+	if v.online {
+		// Client work under the first key, some of it pending, then the start: the
+		// header (prepared from the header read before, as eli reencrypt does in its
+		// process), then the device's switch, with no flush in between.
+		for range 12 {
+			w.op()
+		}
+		h, err := keys.Read(rec)
+		if err != nil {
+			fail("read the header: %v", err)
+		}
+		pr, err := keys.PrepareReencrypt(h, mk0, keys.ReencryptOptions{Mode: v.to, Slots: map[int]keys.Credentials{0: reencPass}})
+		if err != nil {
+			fail("prepare: %v", err)
+		}
+		defer pr.Wipe()
+		if err := keys.CommitReencrypt(rec, pr); err != nil {
+			fail("start in the header: %v", err)
+		}
+		mode := v.to
+		if mode == 0 {
+			mode = v.from
+		}
+		dk, jk := pr.Key().DataKey(mode), pr.Key().JournalKey()
+		c, err := sector.New(sector.Params{Mode: mode, SectorSize: v.sectorSize, Key: dk.Bytes(), VolumeID: pr.Key().VolumeID()})
+		dk.Wipe()
+		if err != nil {
+			fail("codec: %v", err)
+		}
+		defer c.Wipe()
+		err = d.StartReencrypt(c, jk.Bytes(), 1)
+		jk.Wipe()
+		if err != nil {
+			fail("start on the device: %v", err)
+		}
+		mk = pr.Key()
+		for range 6 {
+			w.op()
+		}
 	}
 	sweeps, checkpoints := 0, 0
 	if v.concurrent {

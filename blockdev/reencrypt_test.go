@@ -289,3 +289,83 @@ func TestReencryptConcurrentWriters(t *testing.T) {
 		})
 	}
 }
+
+// TestSweeperPacing: MaxRate bounds the sweep (a lower bound on its time, which a slow
+// machine only lengthens), SetMaxRate changes it while it runs, checkpoints only move
+// forward and are not repeated, and a sweeper paused and checkpointed (suspend) records
+// nothing more when its context ends.
+func TestSweeperPacing(t *testing.T) {
+	t.Parallel()
+	tc := reencCase{"xchacha-v1", 0, sector.ModeXChaCha20Poly1305, sector.ModeXChaCha20Poly1305, 4096, 2048}
+	l, mem := tc.volume(t)
+	d, err := Open(mem, Config{Layout: l, Codec: codecWithKey(t, tc.from, tc.s, testDataKey), JournalKey: testJournalKey, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.WriteAt(bytes.Repeat([]byte{7}, int(d.Size())), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.StartReencrypt(codecWithKey(t, tc.to, tc.s, testDataKey2), testJournalKey2, 1); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var cps []uint64
+	const rate = 16 << 20
+	cfg := SweeperConfig{StepBytes: 256 << 10, MaxRate: rate, CheckpointBytes: 1 << 20,
+		Checkpoint: func(c uint64) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(cps) > 0 && c <= cps[len(cps)-1] {
+				t.Errorf("checkpoint %d after %d", c, cps[len(cps)-1])
+			}
+			cps = append(cps, c)
+			return nil
+		}}
+	ctx, cancel := context.WithCancel(context.Background())
+	steps := 0
+	var sw *Sweeper
+	paused := make(chan uint64, 1)
+	cfg.OnProgress = func(st ReencryptStatus) {
+		if steps++; steps == 8 {
+			sw.Pause() // returns at once: OnProgress comes after the step
+			if err := sw.Checkpoint(); err != nil {
+				t.Error(err)
+			}
+			paused <- st.Cursor
+		}
+	}
+	sw = NewSweeper(d, cfg)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- sw.Run(ctx) }()
+	at := <-paused
+	took := time.Since(start)
+	if min := time.Duration(float64(at*uint64(tc.s)) / rate * float64(time.Second) * 0.8); took < min {
+		t.Errorf("%d bytes swept in %v at a bound of %d bytes a second", at*uint64(tc.s), took, rate)
+	}
+	mu.Lock()
+	n := len(cps)
+	if n == 0 || cps[n-1] != at {
+		t.Errorf("checkpoints %v, the paused sweep at %d", cps, at)
+	}
+	mu.Unlock()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run after its context ended: %v", err)
+	}
+	mu.Lock()
+	if len(cps) != n {
+		t.Errorf("a checkpoint at the end of a paused, checkpointed sweep: %v", cps)
+	}
+	mu.Unlock()
+	// The rest without a bound, to the end.
+	sw = NewSweeper(d, SweeperConfig{StepBytes: 256 << 10, MaxRate: 1})
+	sw.SetMaxRate(0)
+	if err := sw.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := d.Reencryption(); st.Active {
+		t.Fatalf("after the end: %+v", st)
+	}
+}

@@ -134,15 +134,17 @@ func (h *hold) held() int {
 
 // Suspend finishes the requests in flight, commits and flushes every write (in the
 // authenticated modes it also leaves an empty journal, as Close does, so that a server
-// killed while suspended leaves nothing to recover), pauses a re-encryption's sweep
-// (Sweeper) between steps, and wipes every key the device holds: the codecs of the
+// killed while suspended leaves nothing to recover), holds a re-encryption's sweep
+// (Sweeper) between steps until Resume and records its checkpoint
+// (SweeperConfig.Checkpoint), and wipes every key the device holds: the codecs of the
 // current and, during a re-encryption, the previous key (which are the caller's, but
 // wiped here all the same: a suspended device must hold no key) and its journal keys.
 // Requests that come meanwhile are held until Resume, or fail with ErrClosed if the
 // device is closed instead.
 //
-// If ctx ends before the requests in flight finish, or the commit fails, Suspend
-// returns the error and the device goes on serving with its keys. The commit's failure
+// If ctx ends before the requests in flight finish, or the sweep's step, or the
+// checkpoint or the commit fails, Suspend returns the error and the device goes on
+// serving with its keys. The commit's failure
 // is the provider's, which has then failed the device's writes.
 func (d *Device) Suspend(ctx context.Context) error {
 	d.susMu.Lock()
@@ -160,6 +162,13 @@ func (d *Device) Suspend(ctx context.Context) error {
 	if sw != nil {
 		if err := sw.hold(ctx); err != nil {
 			return fmt.Errorf("suspend: the re-encryption's sweep did not pause: %w", err)
+		}
+		// Where the sweep stands goes to the header now, while the caller still has the
+		// key that writes it: a server stopped while suspended then leaves a volume that
+		// resumes from here, and the sweep stopped meanwhile has nothing to record.
+		if err := sw.Checkpoint(); err != nil {
+			sw.unhold()
+			return fmt.Errorf("suspend: %w", err)
 		}
 	}
 	undo := func() {

@@ -398,8 +398,8 @@ func TestSuspendGivesUp(t *testing.T) {
 	}
 }
 
-// TestSuspendDuringReencryption: a suspend pauses a Sweeper between steps, holds its
-// device with both keys wiped, and a resume with both keys lets the sweep finish; every
+// TestSuspendDuringReencryption: a suspend pauses a Sweeper between steps, records its
+// checkpoint, holds its device with both keys wiped, and a resume with both keys lets the sweep finish; every
 // sector then reads as written.
 func TestSuspendDuringReencryption(t *testing.T) {
 	t.Parallel()
@@ -426,8 +426,10 @@ func TestSuspendDuringReencryption(t *testing.T) {
 			}
 			// The sweeper stops after its third step until the device is suspended.
 			var steps atomic.Int64
+			var recorded atomic.Uint64 // the header's checkpoint
 			third, suspended := make(chan struct{}), make(chan struct{})
 			sw := NewSweeper(d, SweeperConfig{StepBytes: int64(8 * tc.s), Yield: -1,
+				Checkpoint: func(c uint64) error { recorded.Store(c); return nil },
 				OnProgress: func(ReencryptStatus) {
 					if steps.Add(1) == 3 {
 						close(third)
@@ -447,6 +449,9 @@ func TestSuspendDuringReencryption(t *testing.T) {
 			at := d.Reencryption()
 			if !at.Active || at.Cursor == at.Sectors {
 				t.Fatalf("suspended the sweep at %+v: it should be halfway", at)
+			}
+			if c := recorded.Load(); c != at.Cursor {
+				t.Fatalf("the suspend recorded checkpoint %d; the sweep stands at %d", c, at.Cursor)
 			}
 			time.Sleep(30 * time.Millisecond)
 			if st := d.Reencryption(); st.Cursor != at.Cursor {
@@ -472,5 +477,57 @@ func TestSuspendDuringReencryption(t *testing.T) {
 				t.Fatalf("after the re-encryption across a suspend: %v, equal %v", err, bytes.Equal(got, model))
 			}
 		})
+	}
+}
+
+// TestSuspendWaitsForSweepEnd: a re-encryption's end (the header's Finish, the previous
+// key dropped) needs the keys, so a suspend waits for it as for a step: one whose context
+// ends first changes nothing; once the end is done, a suspend and a resume need only
+// the new key.
+func TestSuspendWaitsForSweepEnd(t *testing.T) {
+	t.Parallel()
+	tc := reencCases[0]
+	l, mem := tc.volume(t)
+	d, err := Open(mem, Config{Layout: l, Codec: codecWithKey(t, tc.from, tc.s, testDataKey), JournalKey: testJournalKey, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.WriteAt(make([]byte, 64*tc.s), 0, FUA); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.StartReencrypt(codecWithKey(t, tc.to, tc.s, testDataKey2), testJournalKey2, 1); err != nil {
+		t.Fatal(err)
+	}
+	finishing, finish := make(chan struct{}), make(chan struct{})
+	sw := NewSweeper(d, SweeperConfig{Yield: -1, Finish: func() error {
+		close(finishing)
+		<-finish
+		return nil
+	}})
+	ran := make(chan error, 1)
+	go func() { ran <- sw.Run(context.Background()) }()
+	<-finishing
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	err = d.Suspend(ctx)
+	cancel()
+	if err == nil {
+		t.Fatal("suspended while the re-encryption's end ran")
+	}
+	if ok, _ := d.Suspended(); ok {
+		t.Fatal("a suspend that gave up left the device suspended")
+	}
+	close(finish)
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Suspend(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Resume(Keys{Codec: codecWithKey(t, tc.to, tc.s, testDataKey2), JournalKey: testJournalKey2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReadAt(make([]byte, 64*tc.s), 0); err != nil {
+		t.Fatal(err)
 	}
 }

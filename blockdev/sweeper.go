@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +30,9 @@ type SweeperConfig struct {
 	// Finish drops the previous key from the volume's header (keys.FinishReencrypt):
 	// Run calls it once the sweep's moves are durable, then Device.ForgetPrevious.
 	Finish func() error
+	// MaxRate, if positive, bounds the sweep to about that many bytes a second (rests
+	// after each step), whatever the clients do.
+	MaxRate int64
 	// OnProgress is told the status after every step, from Run's goroutine.
 	OnProgress func(ReencryptStatus)
 }
@@ -44,9 +48,9 @@ const (
 // Sweeper drives a device's re-encryption from its cursor to the end: steps of Sweep,
 // paced so that clients keep most of the device (it rests after a step that overlapped
 // their requests), checkpoints recorded by the caller, and at the end the previous key
-// dropped from the header and from the device. Pause holds it between steps (detach;
-// Device.Suspend holds it too, on its own); Run returns when the context ends, after a
-// last checkpoint.
+// dropped from the header and from the device. Pause holds it between steps, and so
+// does Device.Suspend, on its own, after it has recorded a checkpoint; Run returns when
+// the context ends, after a last checkpoint if the sweep moved since.
 type Sweeper struct {
 	d   *Device
 	cfg SweeperConfig
@@ -54,8 +58,13 @@ type Sweeper struct {
 	mu      sync.Mutex
 	cond    sync.Cond
 	paused  bool
-	held    bool // the device is suspended (Device.Suspend), apart from paused
-	running bool // a step is under way
+	held    bool   // the device is suspended (Device.Suspend), apart from paused
+	running bool   // a step (and the checkpoint after it) is under way
+	cp      uint64 // the last checkpoint recorded (or the device's cursor when Run began)
+
+	cpMu sync.Mutex // one checkpoint at a time: Run's, or Checkpoint's
+
+	maxRate atomic.Int64 // SweeperConfig.MaxRate, which SetMaxRate changes
 }
 
 // NewSweeper makes a sweeper for d, which must hold a re-encryption (Config.Reencrypt at
@@ -75,9 +84,17 @@ func NewSweeper(d *Device, cfg SweeperConfig) *Sweeper {
 	}
 	s := &Sweeper{d: d, cfg: cfg}
 	s.cond.L = &s.mu
-	d.sweeper.Store(s) // Device.Suspend pauses it
+	s.maxRate.Store(max(cfg.MaxRate, 0))
+	// Device.Suspend holds it; one made while the device is suspended starts held.
+	d.susMu.Lock()
+	d.sweeper.Store(s)
+	s.held, _ = d.Suspended()
+	d.susMu.Unlock()
 	return s
 }
+
+// SetMaxRate changes SweeperConfig.MaxRate from the next step on (0: no bound).
+func (s *Sweeper) SetMaxRate(bytesPerSecond int64) { s.maxRate.Store(max(bytesPerSecond, 0)) }
 
 // Pause keeps the sweeper from starting another step, and returns once no step runs: the
 // device then has no sweep I/O under way until Resume.
@@ -170,7 +187,10 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	step := uint64(max(1, s.cfg.StepBytes/int64(d.s)))
 	cpSectors := uint64(max(1, s.cfg.CheckpointBytes/int64(d.s)))
 	st := d.Reencryption()
-	cpCursor, cpTime := st.Cursor, time.Now()
+	s.mu.Lock()
+	s.cp = st.Cursor // what the header says, or less
+	s.mu.Unlock()
+	cpTime := time.Now()
 	for st.Cursor < st.Sectors {
 		if !s.begin(ctx) {
 			return errors.Join(ctx.Err(), s.checkpoint(st.Cursor))
@@ -181,6 +201,11 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		st, err = d.Sweep(step)
 		took := time.Since(start)
 		busy := d.activity.Load() != before
+		if err == nil && st.Cursor < st.Sectors && (st.Cursor-s.checkpointed() >= cpSectors || time.Since(cpTime) >= s.cfg.CheckpointInterval) {
+			if err = s.checkpoint(st.Cursor); err == nil {
+				cpTime = time.Now()
+			}
+		}
 		s.end()
 		if err != nil {
 			return fmt.Errorf("re-encryption at sector %d: %w", st.Cursor, err)
@@ -191,14 +216,15 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if st.Cursor == st.Sectors {
 			break
 		}
-		if st.Cursor-cpCursor >= cpSectors || time.Since(cpTime) >= s.cfg.CheckpointInterval {
-			if err := s.checkpoint(st.Cursor); err != nil {
-				return err
-			}
-			cpCursor, cpTime = st.Cursor, time.Now()
-		}
+		var rest time.Duration
 		if s.cfg.Yield > 0 && busy {
-			t := time.NewTimer(time.Duration(s.cfg.Yield * float64(took)))
+			rest = time.Duration(s.cfg.Yield * float64(took))
+		}
+		if r := s.maxRate.Load(); r > 0 {
+			rest = max(rest, time.Duration(float64(step)*float64(d.s)/float64(r)*float64(time.Second))-took)
+		}
+		if rest > 0 {
+			t := time.NewTimer(rest)
 			select {
 			case <-ctx.Done():
 			case <-t.C:
@@ -206,6 +232,24 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			t.Stop()
 		}
 	}
+	// The end is a step too: a suspend waits for it or holds it, since it needs the keys.
+	if !s.begin(ctx) {
+		return errors.Join(ctx.Err(), s.checkpoint(st.Cursor))
+	}
+	err := s.finish()
+	s.end()
+	if err != nil {
+		return err
+	}
+	if s.cfg.OnProgress != nil {
+		s.cfg.OnProgress(d.Reencryption())
+	}
+	return nil
+}
+
+// finish ends the re-encryption once the sweep has reached the end.
+func (s *Sweeper) finish() error {
+	d := s.d
 	if err := d.FinishSweep(); err != nil {
 		return fmt.Errorf("finish the re-encryption's sweep: %w", err)
 	}
@@ -217,15 +261,33 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	if err := d.ForgetPrevious(); err != nil {
 		return fmt.Errorf("drop the previous key from the device: %w", err)
 	}
-	if s.cfg.OnProgress != nil {
-		s.cfg.OnProgress(d.Reencryption())
-	}
 	return nil
 }
 
-// checkpoint makes what the sweep moved below cursor durable and records it.
+// Checkpoint records where the sweep stands now (a flush, then Config.Checkpoint), for
+// a paused or held sweeper whose device is about to stop serving for a while
+// (Device.Suspend calls it): the checkpoint that Run records when its context ends is
+// then skipped if the sweep has not moved since. Call it while no step runs.
+func (s *Sweeper) Checkpoint() error {
+	st := s.d.Reencryption()
+	if !st.Active || st.Done {
+		return nil
+	}
+	return s.checkpoint(st.Cursor)
+}
+
+func (s *Sweeper) checkpointed() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cp
+}
+
+// checkpoint makes what the sweep moved below cursor durable and records it, unless
+// that is recorded already.
 func (s *Sweeper) checkpoint(cursor uint64) error {
-	if s.cfg.Checkpoint == nil {
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	if s.cfg.Checkpoint == nil || cursor <= s.checkpointed() {
 		return nil
 	}
 	if err := s.d.Flush(); err != nil {
@@ -234,5 +296,8 @@ func (s *Sweeper) checkpoint(cursor uint64) error {
 	if err := s.cfg.Checkpoint(cursor); err != nil {
 		return fmt.Errorf("re-encryption checkpoint at sector %d: %w", cursor, err)
 	}
+	s.mu.Lock()
+	s.cp = max(s.cp, cursor)
+	s.mu.Unlock()
 	return nil
 }

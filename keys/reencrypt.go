@@ -1,6 +1,7 @@
 package keys
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/binary"
@@ -52,6 +53,9 @@ var (
 	ErrModeChange = errors.New("mode change not possible in place")
 	// ErrOldKeys: a backup that holds keys the volume's data is no longer under.
 	ErrOldKeys = errors.New("header backup holds an older master key")
+	// ErrHeaderChanged: a prepared re-encryption whose volume's header was written since
+	// it was prepared, or that would change more than a start changes.
+	ErrHeaderChanged = errors.New("the header changed since the re-encryption was prepared")
 )
 
 // Reencryption is what a header says about re-encryption.
@@ -230,6 +234,34 @@ func beginReencrypt(p provider.Provider, mk *MasterKey, o ReencryptOptions, rnd 
 	if err != nil {
 		return nil, err
 	}
+	pr, err := prepareReencrypt(h, mk, o, rnd)
+	if err != nil {
+		return nil, err
+	}
+	if err := CommitReencrypt(p, pr); err != nil {
+		pr.Wipe()
+		return nil, err
+	}
+	return pr.next, nil
+}
+
+// PreparedReencrypt is the start of a re-encryption computed away from the provider, by
+// the process that holds the credentials (the Argon2id work): the header to write and
+// the new master key. An attached volume's server writes it (CommitReencrypt), since it
+// holds the provider. Wipe it when done.
+type PreparedReencrypt struct {
+	raw  [HeaderSize]byte // the new header; its sequence is the one of the header it was made from
+	next *MasterKey
+}
+
+// PrepareReencrypt is BeginReencrypt without the write: it checks every kept keyslot's
+// credentials against h (the volume's header, read by the caller) and mk, makes a new
+// master key and the header that starts the re-encryption. Nothing is written.
+func PrepareReencrypt(h *Header, mk *MasterKey, o ReencryptOptions) (*PreparedReencrypt, error) {
+	return prepareReencrypt(h, mk, o, rand.Reader)
+}
+
+func prepareReencrypt(h *Header, mk *MasterKey, o ReencryptOptions, rnd io.Reader) (*PreparedReencrypt, error) {
 	if err := h.Verify(mk); err != nil {
 		return nil, err
 	}
@@ -257,30 +289,121 @@ func beginReencrypt(p provider.Provider, mk *MasterKey, o ReencryptOptions, rnd 
 		return nil, err
 	}
 	next.volumeID = mk.volumeID
-	raw := h.raw
+	pr := &PreparedReencrypt{raw: h.raw, next: next}
+	raw := &pr.raw
 	le := binary.LittleEndian
 	raw[offMode] = byte(mode)
 	le.PutUint64(raw[offEpoch:], r.Epoch+1)
 	raw[offPrevMode] = byte(h.Mode)
 	le.PutUint64(raw[offCursor:], 0)
 	clear(raw[offSlots:offReserved])
-	fail := func(err error) (*MasterKey, error) {
-		next.Wipe()
-		return nil, err
-	}
 	for _, i := range keep {
-		if err := sealSlot(&raw, i, next, o.Slots[i], h.slot(i).KDF, rnd); err != nil {
-			return fail(fmt.Errorf("keyslot %d: %w", i, err))
+		if err := sealSlot(raw, i, next, o.Slots[i], h.slot(i).KDF, rnd); err != nil {
+			pr.Wipe()
+			return nil, fmt.Errorf("keyslot %d: %w", i, err)
 		}
 	}
-	if err := sealPrevious(&raw, next, mk, rnd); err != nil {
-		return fail(err)
+	if err := sealPrevious(raw, next, mk, rnd); err != nil {
+		pr.Wipe()
+		return nil, err
 	}
-	setMAC(&raw, next)
-	if err := writeBoth(p, h, &raw, h.Sequence); err != nil {
-		return fail(err)
+	setMAC(raw, next)
+	setSequence(raw, h.Sequence)
+	setChecksum(raw)
+	return pr, nil
+}
+
+// Header is the prepared header's bytes (HeaderSize, no secret: the keyslots and the
+// previous key are sealed), for ParsePrepared in the process that writes it.
+func (pr *PreparedReencrypt) Header() []byte { return bytes.Clone(pr.raw[:]) }
+
+// Key is the new master key, valid until Wipe.
+func (pr *PreparedReencrypt) Key() *MasterKey { return pr.next }
+
+// Wipe zeroes the new master key.
+func (pr *PreparedReencrypt) Wipe() {
+	if pr != nil {
+		pr.next.Wipe()
 	}
-	return next, nil
+}
+
+// ParsePrepared rebuilds a PreparedReencrypt from Header's bytes and the new master
+// key's (which it copies into locked memory; the caller wipes its own copy). It checks
+// the bytes as a header and the key against them; CommitReencrypt checks the rest
+// against the provider.
+func ParsePrepared(header, key []byte) (*PreparedReencrypt, error) {
+	h, err := Decode(header)
+	if err != nil {
+		return nil, fmt.Errorf("prepared re-encryption header: %w", err)
+	}
+	next, err := NewMasterKey(h.VolumeID, key)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.Verify(next); err != nil {
+		next.Wipe()
+		return nil, fmt.Errorf("prepared re-encryption header: %w", err)
+	}
+	return &PreparedReencrypt{raw: h.raw, next: next}, nil
+}
+
+// preparedMayChange are the header byte ranges a re-encryption's start may change: the
+// sequence, the mode, the MAC, the keyslots and the re-encryption area, and the checksum.
+var preparedMayChange = [][2]int{{offSequence, offSequence + 8}, {offMode, offMode + 1}, {offMAC, offAreaEnd}, {offChecksum, HeaderSize}}
+
+// CommitReencrypt writes a prepared re-encryption's header on p (both copies, in the
+// crash-safe order). It refuses (ErrHeaderChanged) unless p's header is still the one
+// the start was prepared from, but for what a start changes, and checks that the start
+// is one (ErrHeaderTampered otherwise): the next key epoch, the previous mode and
+// master key those of p's header (the previous key sealed in the prepared header must
+// verify p's header), and the checkpoint at 0. Whoever prepares a start must so have
+// unlocked the volume. A re-encryption under way is refused (ErrReencrypting).
+func CommitReencrypt(p provider.Provider, pr *PreparedReencrypt) error {
+	h, err := Read(p)
+	if err != nil {
+		return err
+	}
+	if r := h.Reencryption(); r.Active {
+		return newError(ErrReencrypting, "a re-encryption from %s is under way (checkpoint at sector %d of %d): resume it instead of starting another", r.PrevMode, r.Cursor, h.Sectors)
+	}
+	if seq := binary.LittleEndian.Uint64(pr.raw[offSequence:]); seq != h.Sequence {
+		return newError(ErrHeaderChanged, "the header was written since the re-encryption was prepared (sequence %d, prepared from %d): prepare it again", h.Sequence, seq)
+	}
+	at := 0
+	for _, r := range preparedMayChange {
+		if !bytes.Equal(h.raw[at:r[0]], pr.raw[at:r[0]]) {
+			return newError(ErrHeaderChanged, "the prepared header differs from the volume's in bytes %d..%d, which a re-encryption keeps", at, r[0])
+		}
+		at = r[1]
+	}
+	next, err := decode(pr.raw[:], "")
+	if err != nil {
+		return fmt.Errorf("prepared re-encryption header: %w", err)
+	}
+	if err := next.Verify(pr.next); err != nil {
+		return err
+	}
+	want := Reencryption{Epoch: h.Reencryption().Epoch + 1, Active: true, PrevMode: h.Mode}
+	if got := next.Reencryption(); got != want {
+		return newError(ErrHeaderTampered, "the prepared header does not start re-encryption %d from %s at sector 0 (it says %+v)", want.Epoch, h.Mode, got)
+	}
+	if err := InPlace(h.Mode, next.Mode); err != nil {
+		return err
+	}
+	prev, err := next.PreviousKey(pr.next)
+	if err != nil {
+		return err
+	}
+	err = h.Verify(prev)
+	prev.Wipe()
+	if err != nil {
+		return newError(ErrHeaderTampered, "the prepared header's previous key is not the volume's master key")
+	}
+	if next.ActiveSlots() == 0 {
+		return newError(ErrSlotCredentials, "no keyslot would open the new master key")
+	}
+	raw := pr.raw
+	return writeBoth(p, h, &raw, h.Sequence)
 }
 
 // slotsToKeep checks o.Slots against h's keyslots, each by opening it (it must give mk),

@@ -2,6 +2,8 @@ package keys
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"testing"
 
@@ -377,4 +379,133 @@ func TestReencryptAreaTamper(t *testing.T) {
 			t.Fatalf("byte %d flipped: the previous key still opens", off)
 		}
 	}
+}
+
+// A re-encryption prepared in one process (the credentials' KDFs) and written by another
+// (an attached volume's server): the bytes and the key cross over, the write checks them
+// against the provider's header, and refuses a header written since, a start that
+// changes more than a start does, and a previous key that is not the volume's.
+func TestPreparedReencrypt(t *testing.T) {
+	t.Parallel()
+	p, old, c3 := twoSlotVolume(t)
+	slots := ReencryptOptions{Slots: map[int]Credentials{0: pass("pw0"), 3: c3}}
+	prepare := func() *PreparedReencrypt {
+		t.Helper()
+		pr, err := PrepareReencrypt(mustRead(t, p), old, slots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pr.Wipe)
+		return pr
+	}
+	good := p.bytesAt(0, HeaderSize)
+	// Bytes and key as they cross a channel.
+	cross := func(pr *PreparedReencrypt, edit func(raw []byte)) *PreparedReencrypt {
+		t.Helper()
+		raw := pr.Header()
+		if edit != nil {
+			edit(raw)
+		}
+		q, err := ParsePrepared(raw, pr.Key().Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(q.Wipe)
+		return q
+	}
+	if _, err := ParsePrepared(prepare().Header(), old.Bytes()); !errors.Is(err, ErrHeaderTampered) && !errors.Is(err, ErrWrongKey) {
+		t.Fatalf("a prepared header with the old key: %v", err)
+	}
+	if _, err := ParsePrepared(prepare().Header()[:100], old.Bytes()); err == nil {
+		t.Fatal("a short prepared header parsed")
+	}
+
+	for _, tc := range []struct {
+		name string
+		edit func(raw []byte)
+		want error
+	}{
+		{"a layout field", func(raw []byte) { raw[offSectors]++; fix(raw) }, ErrHeaderChanged},
+		{"the volume ID", func(raw []byte) { raw[offVolumeID]++; fix(raw) }, ErrHeaderChanged},
+		{"the reserved tail", func(raw []byte) { raw[offAreaEnd]++; fix(raw) }, ErrHeaderChanged},
+	} {
+		pr := prepare()
+		raw := pr.Header()
+		tc.edit(raw)
+		var r [HeaderSize]byte
+		copy(r[:], raw)
+		q := &PreparedReencrypt{raw: r, next: pr.next}
+		if err := CommitReencrypt(p, q); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+		if !bytes.Equal(p.bytesAt(0, HeaderSize), good) {
+			t.Fatalf("%s: the header changed", tc.name)
+		}
+	}
+	// A previous key that is not the volume's.
+	{
+		pr := prepare()
+		other, err := generateMasterKey(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Wipe()
+		r := pr.raw
+		if err := sealPrevious(&r, pr.next, other, rand.Reader); err != nil {
+			t.Fatal(err)
+		}
+		setChecksum(&r)
+		if err := CommitReencrypt(p, &PreparedReencrypt{raw: r, next: pr.next}); !errors.Is(err, ErrHeaderTampered) {
+			t.Fatalf("another previous key: %v", err)
+		}
+	}
+	// A start at another epoch, MACed under the new key.
+	{
+		pr := prepare()
+		r := pr.raw
+		binary.LittleEndian.PutUint64(r[offEpoch:], 7)
+		if err := sealPrevious(&r, pr.next, old, rand.Reader); err != nil {
+			t.Fatal(err)
+		}
+		setMAC(&r, pr.next)
+		setChecksum(&r)
+		if err := CommitReencrypt(p, &PreparedReencrypt{raw: r, next: pr.next}); !errors.Is(err, ErrHeaderTampered) {
+			t.Fatalf("a start at epoch 7: %v", err)
+		}
+	}
+	if !bytes.Equal(p.bytesAt(0, HeaderSize), good) {
+		t.Fatal("a refused start changed the header")
+	}
+
+	// Written since it was prepared: refused.
+	stale := cross(prepare(), nil)
+	if _, err := SetKey(p, old, 5, pass("pw5"), tiny); err != nil {
+		t.Fatal(err)
+	}
+	if err := CommitReencrypt(p, stale); !errors.Is(err, ErrHeaderChanged) {
+		t.Fatalf("a header written since: %v", err)
+	}
+	slots.Slots[5] = pass("pw5")
+	pr := cross(prepare(), nil)
+	if err := CommitReencrypt(p, pr); err != nil {
+		t.Fatal(err)
+	}
+	h := mustRead(t, p)
+	if r := h.Reencryption(); !r.Active || r.Epoch != 1 || r.Cursor != 0 {
+		t.Fatalf("after the commit: %+v", r)
+	}
+	for i, c := range map[int]Credentials{0: pass("pw0"), 3: c3, 5: pass("pw5")} {
+		mustUnlock(t, p, c, i, pr.Key())
+	}
+	if err := CommitReencrypt(p, pr); !errors.Is(err, ErrReencrypting) {
+		t.Fatalf("a second commit: %v", err)
+	}
+}
+
+// fix recomputes a header's checksum after an edit.
+func fix(raw []byte) {
+	var r [HeaderSize]byte
+	copy(r[:], raw)
+	setChecksum(&r)
+	copy(raw, r[:])
 }

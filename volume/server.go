@@ -46,6 +46,9 @@ type Config struct {
 	Witness        string `json:"witness,omitempty"`
 	AcceptRollback bool   `json:"accept_rollback,omitempty"`
 	CacheBytes     int64  `json:"cache_bytes,omitempty"`
+	// ReencryptMaxRate bounds, in bytes a second, the sweep of a re-encryption under way
+	// that the server resumes when it starts (0: no bound).
+	ReencryptMaxRate int64 `json:"reencrypt_max_rate,omitempty"`
 
 	// Onetime volumes have no header: the mode and sector size come from here, and the
 	// provider is formatted by the server before it is served.
@@ -239,6 +242,8 @@ func (s *Server) Start(v *Volume) error {
 	r := v.Recovery()
 	s.log.Info("attached", "name", s.cfg.Name, "provider", s.cfg.Provider, "mode", v.Mode().String(),
 		"size", v.Size(), "socket", s.cfg.Socket, "journal", r.Journal, "recovered_sectors", r.Sectors)
+	// A re-encryption that Open found under way goes on as the volume serves.
+	v.resumePending(ReencryptOptions{MaxRate: s.cfg.ReencryptMaxRate})
 	return nil
 }
 

@@ -71,6 +71,9 @@ type Status struct {
 	// Authenticated says whether the mode keeps a journal: it decides what a failure
 	// means for the data.
 	Authenticated bool `json:"authenticated"`
+	// Reencrypt is the volume's re-encryption: one under way, or one that ended while
+	// this server ran; nil otherwise.
+	Reencrypt *ReencryptStatus `json:"reencrypt,omitempty"`
 }
 
 // Status is a snapshot of v's counters and state. A provider fenced since the last
@@ -80,7 +83,7 @@ func (v *Volume) Status() Status {
 	st := v.dev.Stats()
 	r := v.dev.Recovery()
 	s := Status{
-		Mode:             v.mode.String(),
+		Mode:             v.Mode().String(),
 		State:            StateServing,
 		Reads:            v.reads.Load(),
 		Writes:           v.writes.Load(),
@@ -94,7 +97,8 @@ func (v *Volume) Status() Status {
 		Commits:          st.Commits,
 		Journal:          r.Journal,
 		RecoveredSectors: r.Sectors,
-		Authenticated:    v.mode.Authenticated(),
+		Authenticated:    v.Mode().Authenticated(),
+		Reencrypt:        v.Reencryption(),
 	}
 	s.LastFlush = v.LastFlush()
 	s.Witness = v.WitnessProblem()

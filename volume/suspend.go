@@ -10,6 +10,7 @@ import (
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/reencrypt"
+	"github.com/elidisk/eli/sector"
 )
 
 // Suspend and resume (geli's): the keys leave the server's memory while the volume
@@ -22,8 +23,9 @@ import (
 // would lose the volume for good.
 var ErrOnetime = errors.New("a onetime volume cannot be suspended: its random key exists only in the server, and nothing could resume it")
 
-// Suspend finishes the requests in flight, commits and flushes every write, pauses a
-// re-encryption's sweep, and wipes every key the volume holds; requests from then on are
+// Suspend finishes the requests in flight, commits and flushes every write, holds a
+// re-encryption's sweep between steps and records where it stands in the header, and
+// wipes every key the volume holds (the re-encryption's master key included); requests from then on are
 // held (they wait, they do not fail) until Resume. If ctx ends before the requests in
 // flight finish, or the commit fails, nothing changes and the volume serves on.
 func (v *Volume) Suspend(ctx context.Context) error {
@@ -35,14 +37,30 @@ func (v *Volume) Suspend(ctx context.Context) error {
 	if err := v.dev.Suspend(ctx); err != nil {
 		return err
 	}
-	// The device wiped the codecs; the previous journal key's Secret is the volume's.
+	// The device wiped the codecs; the previous journal key's Secret is the volume's,
+	// and the master key that a re-encryption keeps for the header is its Online's (the
+	// device recorded the sweep's checkpoint with it, and holds the sweep until Resume).
 	v.wipeKeys()
+	if on := v.online(); on != nil {
+		on.DropKey()
+	}
 	return nil
+}
+
+// online is the volume's re-encryption in this server, or nil.
+func (v *Volume) online() *reencrypt.Online {
+	v.reMu.Lock()
+	defer v.reMu.Unlock()
+	if v.re == nil {
+		return nil
+	}
+	return v.re.on
 }
 
 // Resume reads the volume's header again, checks mk against it (an error wrapping
 // keys.ErrWrongKey for another volume's key or a wrong one), derives the keys from it,
-// and lets the held requests go in the order they came. On an error the volume stays
+// and lets the held requests go in the order they came, and a re-encryption's sweep go
+// on from where it stood (the previous keys derived again too). On an error the volume stays
 // suspended and its requests held. mk stays the caller's to wipe.
 func (v *Volume) Resume(mk *keys.MasterKey) error {
 	v.keyMu.Lock()
@@ -57,9 +75,9 @@ func (v *Volume) Resume(mk *keys.MasterKey) error {
 	if err := h.Verify(mk); err != nil {
 		return err
 	}
-	if l := v.dev.Layout(); h.Mode != v.mode || h.Layout != l {
+	if l := v.dev.Layout(); h.Mode != v.Mode() || h.Layout != l {
 		return fmt.Errorf("the header no longer describes the attached volume (%s with %d sectors of %d bytes, now %s with %d of %d): "+
-			"it was changed on the provider while the volume was attached", v.mode, l.Sectors, l.SectorSize, h.Mode, h.Layout.Sectors, h.Layout.SectorSize)
+			"it was changed on the provider while the volume was attached", v.Mode(), l.Sectors, l.SectorSize, h.Mode, h.Layout.Sectors, h.Layout.SectorSize)
 	}
 	k, err := reencrypt.DeviceKeys(h, mk)
 	if err != nil {
@@ -69,14 +87,24 @@ func (v *Volume) Resume(mk *keys.MasterKey) error {
 	if k.Previous != nil {
 		bk.Reencrypt = k.Reencrypt
 	}
-	err = v.dev.Resume(bk)
+	// A re-encryption's sweep gets its master key back before the device lets it go on.
+	on := v.online()
+	if on != nil {
+		err = on.TakeKey(mk)
+	}
+	if err == nil {
+		err = v.dev.Resume(bk)
+	}
 	k.JournalKey.Wipe() // the device made its copies
 	if err != nil {
 		k.Codec.Wipe()
 		k.Previous.Wipe()
+		if on != nil {
+			on.DropKey()
+		}
 		return err
 	}
-	v.codec, v.prev = k.Codec, k.Previous
+	v.codecs, v.prev = []sector.Codec{k.Codec}, k.Previous
 	return nil
 }
 
@@ -86,10 +114,10 @@ func (v *Volume) Suspended() (bool, time.Time) { return v.dev.Suspended() }
 // wipeKeys wipes the keys the volume holds besides the device's: the codecs (which the
 // device uses and does not own) and a re-encryption's previous keys.
 func (v *Volume) wipeKeys() {
-	if v.codec != nil {
-		v.codec.Wipe()
-		v.codec = nil
+	for _, c := range v.codecs {
+		c.Wipe()
 	}
+	v.codecs = nil
 	v.prev.Wipe()
 	v.prev = nil
 }

@@ -55,20 +55,23 @@ type Onetime struct {
 // NBD server serves (it implements nbd.Backend, nbd.Cacher and nbd.BlockStatuser), and
 // it counts what it serves for Status.
 type Volume struct {
-	dev   *blockdev.Device
-	p     provider.Provider   // its header is read again at Resume
-	codec sector.Codec        // nil while suspended (the device wiped it)
-	prev  *reencrypt.Previous // a re-encryption's previous keys, or nil
-	mode  sector.Mode
-	ro    bool
-	fua   blockdev.Flags // FUA under write-through in the batching (authenticated) modes
-	wit   *witness       // nil without one
-	fmtv  int            // format version
-	log   *slog.Logger
+	dev *blockdev.Device
+	p   provider.Provider // its header is read again at Resume, and written by a re-encryption
+	// codecs are those the device was given, the current one last: Close and Suspend
+	// wipe them (nil while suspended: the device wiped them).
+	codecs []sector.Codec
+	prev   *reencrypt.Previous // the previous keys of a re-encryption under way at Open or Resume, or nil
+	mode   atomic.Uint32       // a sector.Mode: a re-encryption may change it
+	ro     bool
+	fua    blockdev.Flags // FUA under write-through in the batching (authenticated) modes
+	wit    *witness       // nil without one
+	fmtv   int            // format version
+	log    *slog.Logger
 	// onetime: the key is a random one that no header holds, so it cannot be given
-	// back after a suspend.
+	// back after a suspend, nor changed by a re-encryption.
 	onetime bool
-	// keyMu orders Suspend, Resume and Close, which change codec and prev.
+	// keyMu orders Suspend, Resume, Close and a re-encryption's start and end, which
+	// change codecs and prev; it is taken before reMu.
 	keyMu sync.Mutex
 
 	reads, writes, zeroes, trims, flushes, caches atomic.Uint64
@@ -86,6 +89,18 @@ type Volume struct {
 
 	warnings  []string     // what Open found wrong that does not stop the volume
 	lastFlush atomic.Int64 // Unix nanoseconds of the last flush that succeeded
+
+	// A re-encryption (reencrypt.go). prevMode and epoch are those of one under way at
+	// Open, for the status of a read-only volume, which does not sweep it.
+	reMu     sync.Mutex
+	re       *reencryption
+	closing  bool
+	prevMode sector.Mode
+	epoch    uint64
+	// sweep paces the sweep (blockdev's defaults: steps that rest as long as they took
+	// after overlapping client requests); onStep, if set, hears of every step (tests).
+	sweep  blockdev.SweeperConfig
+	onStep func(blockdev.ReencryptStatus)
 }
 
 // Deadliner is implemented by providers whose I/O can be bounded (remote.Store): after
@@ -119,6 +134,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	var l layout.Layout
 	var mode sector.Mode
 	var prev *reencrypt.Previous // a re-encryption under way: its previous keys
+	var hdr *keys.Header
 	if o := opts.Onetime; o != nil {
 		var err error
 		mode = o.Mode
@@ -142,6 +158,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		}
 		mode = h.Mode
 		l = h.Layout
+		hdr = h
 		if prev, err = reencrypt.PreviousKeys(h, mk); err != nil {
 			return nil, err
 		}
@@ -208,8 +225,23 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		}
 		return nil, err
 	}
-	v := &Volume{dev: dev, p: p, codec: codec, prev: prev, mode: mode, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log,
+	v := &Volume{dev: dev, p: p, codecs: []sector.Codec{codec}, prev: prev, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log,
 		fmtv: int(max(l.Version, layout.Version1)), onetime: opts.Onetime != nil}
+	v.setMode(mode)
+	if hdr != nil {
+		if r := hdr.Reencryption(); r.Active {
+			v.prevMode, v.epoch = r.PrevMode, r.Epoch
+			if !opts.ReadOnly {
+				// The server resumes it once it serves (Server.Start).
+				on, err := reencrypt.ResumeOnline(p, dev, mk)
+				if err != nil {
+					v.Close()
+					return nil, fmt.Errorf("resume the re-encryption under way: %w", err)
+				}
+				v.re = &reencryption{on: on, started: time.Now()}
+			}
+		}
+	}
 	if opts.WriteThrough && mode.Authenticated() {
 		v.fua = blockdev.FUA
 	}
@@ -279,6 +311,7 @@ func (v *Volume) WitnessProblem() string {
 // provider. It does not close the provider. A witness it could not write at the end is
 // not its error (the data is safe): WitnessProblem says so.
 func (v *Volume) Close() error {
+	v.stopReencrypt() // before keyMu: the sweep's end takes it
 	v.keyMu.Lock()
 	defer v.keyMu.Unlock()
 	err := v.dev.Close()
@@ -302,7 +335,9 @@ func (v *Volume) LastFlush() time.Time {
 func (v *Volume) Freshness() (blockdev.Freshness, bool) { return v.dev.Freshness() }
 
 // Mode is the volume's cipher mode.
-func (v *Volume) Mode() sector.Mode { return v.mode }
+func (v *Volume) Mode() sector.Mode { return sector.Mode(v.mode.Load()) }
+
+func (v *Volume) setMode(m sector.Mode) { v.mode.Store(uint32(m)) }
 
 // Format is the volume's on-disk format version (1, or 2 with the hash tree).
 func (v *Volume) Format() int { return v.fmtv }

@@ -89,6 +89,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"invalid size", []string{"init", "--size", "lots", "x.img"}},
 		{"--slot N is required", []string{"delkey", "x.img"}},
 		{"--listen without TLS", []string{"attach", "--listen", "127.0.0.1:0", "x.img"}},
+		{"--reencrypt-max-rate", []string{"attach", "--reencrypt-max-rate", "fast", "x.img"}},
 		{"--key-length", []string{"init", "--key-length", "128", "x.img"}},
 		{"KDF parameters out of range", []string{"init", "--kdf-time", "5000", "--size", "16M", "x.img"}},
 		{"takes 1 argument", []string{"label"}}, // geli's names: label is init, stop is detach

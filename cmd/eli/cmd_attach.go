@@ -45,6 +45,9 @@ type attachOptions struct {
 	slot        int
 	cacheMiB    int
 	creds       credFlags
+	// reencryptRate bounds the sweep of a re-encryption under way that the server
+	// resumes (attach only).
+	reencryptRate string
 	// A remote provider's timeouts (addRemoteFlags).
 	ioTimeout    time.Duration
 	queueTimeout string
@@ -124,6 +127,7 @@ whatever the storage does.`,
 	f.StringVar(&o.witness, "witness", "", "the file that records how far this volume has come, to refuse an older image of it (default: "+witnessDirHelp+"/VOLUME-ID)")
 	f.BoolVar(&o.rollback, "accept-rollback", false, "attach a provider older than its witness knowingly (an image restored on purpose), and reset the witness to it")
 	f.BoolVar(&o.force, "force", false, "take a remote volume over from another host's live attach (that server stops writing)")
+	f.StringVar(&o.reencryptRate, "reencrypt-max-rate", "", "a re-encryption under way, which the server resumes, moves at most about this much a second (e.g. 50M; default: as fast as clients leave room for)")
 	addServeFlags(cmd, o)
 	addRemoteFlags(cmd, o)
 	return cmd
@@ -231,6 +235,12 @@ func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*daemon.Set
 	if o.cacheMiB < 1 || o.cacheMiB > 1<<20 {
 		return nil, usagef("--cache must be 1 MiB or more")
 	}
+	var reencRate int64
+	if o.reencryptRate != "" {
+		if reencRate, err = parseSize(o.reencryptRate); err != nil || reencRate < 0 {
+			return nil, usagef("--reencrypt-max-rate %q: want a size a second, such as 50M (0: no bound)", o.reencryptRate)
+		}
+	}
 	socket := o.socket
 	if socket == "" {
 		socket = sd.File(name, ".sock")
@@ -254,7 +264,7 @@ func (o *attachOptions) serveSetup(sd daemon.StateDir, path string) (*daemon.Set
 		Name: name, Provider: abs, Socket: socket, Listen: o.listen,
 		TLSCert: absOrEmpty(o.tlsCert), TLSKey: absOrEmpty(o.tlsKey), TLSClientCA: absOrEmpty(o.tlsClientCA),
 		InsecureTCP: o.insecureTCP, ReadOnly: o.readOnly, Device: o.device, Connections: o.connections,
-		CacheBytes: int64(o.cacheMiB) << 20, AutoDetach: o.autoDetach,
+		CacheBytes: int64(o.cacheMiB) << 20, AutoDetach: o.autoDetach, ReencryptMaxRate: reencRate,
 		// The kernel device re-plugs after a server crash (attach --device again): only
 		// writes committed before they were acknowledged survive that.
 		WriteThrough: o.device != "" && !o.writeBack,

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/elidisk/eli/internal/daemon"
+	"github.com/elidisk/eli/volume"
 	"github.com/spf13/cobra"
 )
 
@@ -18,6 +19,9 @@ type listEntry struct {
 	Error   string `json:"error,omitempty"`
 	Storage string `json:"storage,omitempty"`
 	Witness string `json:"witness,omitempty"`
+	// Reencrypt is the volume's re-encryption, if one is under way or ended in this
+	// server.
+	Reencrypt *volume.ReencryptStatus `json:"reencrypt,omitempty"`
 }
 
 func newListCmd(g *globalOptions) *cobra.Command {
@@ -39,6 +43,9 @@ runs is listed, whatever it is doing. The state is:
   suspended  'eli suspend': its keys are wiped and requests wait for 'eli resume'
   frozen     the process is stopped (SIGSTOP, a debugger) and answers nothing
 
+A volume being re-encrypted says so after its state, with how far it is ('eli status
+NAME' says more).
+
 Records left by servers that were killed are cleaned up on the way.`,
 		Example: "  eli list\n  eli list --json",
 		Args:    exactArgs(),
@@ -58,7 +65,7 @@ Records left by servers that were killed are cleaned up on the way.`,
 					e.Record = &daemon.Record{Name: f.Name, Pid: f.Pid}
 				}
 				if f.Status != nil {
-					e.Error, e.Storage, e.Witness = f.Status.Error, f.Status.Storage, f.Status.Witness
+					e.Error, e.Storage, e.Witness, e.Reencrypt = f.Status.Error, f.Status.Storage, f.Status.Witness, f.Status.Reencrypt
 				}
 				entries = append(entries, e)
 			}
@@ -96,6 +103,13 @@ Records left by servers that were killed are cleaned up on the way.`,
 				state := r.State
 				if r.Storage != "" {
 					state += " (storage: " + firstWords(r.Storage) + ")"
+				}
+				if re := r.Reencrypt; re != nil && re.State != volume.ReencryptDone {
+					state += fmt.Sprintf(" (re-encrypting %.0f%%", re.Percent())
+					if re.State != volume.ReencryptRunning {
+						state += ", " + re.State
+					}
+					state += ")"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name, state, prov, mode, size, sock, r.Pid, dev)
 			}

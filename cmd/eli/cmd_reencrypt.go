@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/internal/daemon"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/reencrypt"
 	"github.com/elidisk/eli/sector"
@@ -32,16 +33,29 @@ type reencryptOptions struct {
 	slotPassphraseFiles []string
 	slotKeyfiles        []string
 	dropOthers          bool
+	detach              bool
+	maxRate             string
 }
 
 func newReencryptCmd(g *globalOptions) *cobra.Command {
 	o := &reencryptOptions{}
 	cmd := &cobra.Command{
-		Use:   "reencrypt PROVIDER",
+		Use:   "reencrypt NAME|PROVIDER",
 		Short: "Move a volume to a new master key (and mode) in place",
 		Long: `Reencrypt generates a new random master key and moves every sector of the volume
 to it, in place, then drops the old key from the header: afterwards no keyslot and no
-header copy on the provider can unlock the old key. The volume must not be attached.
+header copy on the provider can unlock the old key, and an attached volume's server no
+longer holds it in memory.
+
+An attached volume stays in use: reencrypt does the key derivations, hands the new
+key to the volume's server, and the server moves the sectors while it serves, resting
+while clients are busy. Reencrypt shows the progress until the end (a bar on a
+terminal); --detach returns once it has started, and 'eli status' shows it. While it
+runs, 'eli reencrypt --max-rate RATE NAME' changes how fast it may go. Stopping
+reencrypt (Ctrl-C) stops only the watching: the server goes on. A detach stops the
+re-encryption at a checkpoint, and the next attach resumes it by itself. A volume
+attached read-only cannot be re-encrypted until it is attached read-write (or
+detached). A detached volume is re-encrypted by this process, in the same way.
 
 Every keyslot is re-wrapped around the new key under its own credentials, so each
 one's credentials are needed: the unlocking ones (-j, -k, -p, ...) and, for the other
@@ -62,12 +76,13 @@ A header backup made before reencrypt (or during it) holds keys the data is no l
 under: restore refuses it. Old copies of the provider's bytes, and its old images,
 stay readable with the old key: see docs/threat-model.md.`,
 		Example: `  eli reencrypt disk.img                                # asks for the passphrase
+  eli reencrypt --detach -j pass.txt data               # attached as "data": runs in its server
   eli reencrypt -j pass.txt --slot-keyfile 1=key.bin disk.img
   eli reencrypt -j pass.txt --drop-other-slots disk.img
   eli reencrypt -j pass.txt --cipher aes-xts disk.img   # an aes128-xts volume to AES-256`,
-		Args: exactArgs("PROVIDER"),
+		Args: exactArgs("NAME|PROVIDER"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runReencrypt(cmd, o, args[0])
+			return runReencrypt(cmd, g, o, args[0])
 		},
 	}
 	f := cmd.Flags()
@@ -79,15 +94,24 @@ stay readable with the old key: see docs/threat-model.md.`,
 	f.StringArrayVar(&o.slotPassphraseFiles, "slot-passphrase-file", nil, "N=FILE: keep keyslot N, whose passphrase is FILE's first line (repeatable)")
 	f.StringArrayVar(&o.slotKeyfiles, "slot-keyfile", nil, "N=FILE: keep keyslot N, which takes keyfile FILE (repeatable, and more than once for a slot)")
 	f.BoolVar(&o.dropOthers, "drop-other-slots", false, "empty the active keyslots whose credentials are not given")
+	f.StringVar(&o.maxRate, "max-rate", "", "move at most about this much a second (e.g. 50M; 0 or default: as fast as clients leave room for); given alone for an attached volume being re-encrypted, changes its rate")
+	f.BoolVar(&o.detach, "detach", false, "an attached volume: return once its server's re-encryption has started ('eli status' shows its progress)")
 	return cmd
 }
 
-func runReencrypt(cmd *cobra.Command, o *reencryptOptions, path string) error {
+func runReencrypt(cmd *cobra.Command, g *globalOptions, o *reencryptOptions, path string) error {
 	var mode sector.Mode
 	if o.cipher != "" {
 		var err error
 		if mode, err = parseModeFlags(o.cipher, 0, o.unsafe); err != nil {
 			return err
+		}
+	}
+	var rate int64
+	if o.maxRate != "" {
+		var err error
+		if rate, err = parseSize(o.maxRate); err != nil || rate < 0 {
+			return usagef("--max-rate %q: want a size a second, such as 50M (0: no bound)", o.maxRate)
 		}
 	}
 	others, err := o.slotCredentials()
@@ -99,21 +123,27 @@ func runReencrypt(cmd *cobra.Command, o *reencryptOptions, path string) error {
 			c.Wipe()
 		}
 	}()
-	p, h, err := openHeader(path, volume.ReadWrite) // an attached volume, or a second reencrypt, is refused here
+	if sd, err := daemon.ResolveStateDir(g.stateDir); err == nil {
+		if rec, err := sd.Find(findArg(path)); err == nil {
+			return reencryptAttached(cmd, sd, rec, o, mode, rate, others, path)
+		}
+	}
+	if o.detach {
+		return usagef("--detach: %s is not attached, and a detached volume is re-encrypted by this process", path)
+	}
+	p, h, err := openHeader(path, volume.ReadWrite) // a second reencrypt, or an attach meanwhile, is refused here
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	switch {
-	case o.format != 0 && uint32(o.format) != h.Version:
-		return usagef("--format %d: %s is format version %d, and a new format changes where every sector lies; make a new volume with 'eli init --format %d' and copy the data", o.format, path, h.Version, o.format)
-	case o.sectorSize != 0 && o.sectorSize != h.SectorSize:
-		return usagef("--sector-size %d: %s has %d-byte sectors, and a new sector size changes where every sector lies; make a new volume with 'eli init --sector-size %d' and copy the data", o.sectorSize, path, h.SectorSize, o.sectorSize)
+	if err := o.checkLayout(h, path); err != nil {
+		return err
 	}
 	r := h.Reencryption()
 	stdin := &stdinGuard{}
 	var mk *keys.MasterKey
 	opts := reencrypt.Options{Header: keys.ReencryptOptions{Mode: mode, DropOthers: o.dropOthers, Limits: o.creds.kdfLimits()}}
+	opts.Sweep.MaxRate = rate
 	if r.Active {
 		// Resume: the keyslots open the new key already.
 		if mk, _, err = unlock(h, o.creds, keys.AnySlot, stdin); err != nil {
@@ -121,24 +151,11 @@ func runReencrypt(cmd *cobra.Command, o *reencryptOptions, path string) error {
 		}
 		fmt.Fprintf(cmd.ErrOrStderr(), "resuming the re-encryption of %s from %s to %s at sector %d of %d\n", path, r.PrevMode, h.Mode, r.Cursor, h.Sectors)
 	} else {
-		if err := reencrypt.Check(h, mode); err != nil {
-			if errors.Is(err, keys.ErrModeChange) {
-				return usageError{err}
-			}
-			return err
-		}
-		var used int
 		var c *credentials
-		if mk, used, c, err = unlockKeeping(h, o.creds, stdin); err != nil {
+		if mk, c, err = o.unlockForStart(h, mode, others, stdin); err != nil {
 			return err
 		}
 		defer c.wipe()
-		others[used].Wipe() // the unlocking credentials are the ones that opened it
-		others[used] = c.toKeys()
-		if err := askOtherSlots(h, others, o.dropOthers); err != nil {
-			mk.Wipe()
-			return err
-		}
 		opts.Header.Slots = others
 	}
 	defer mk.Wipe()
@@ -166,6 +183,41 @@ func runReencrypt(cmd *cobra.Command, o *reencryptOptions, path string) error {
 		warnf("%d sectors opened under neither key (damaged before the re-encryption): they still read as I/O errors", res.Unreadable)
 	}
 	return nil
+}
+
+// checkLayout refuses --format and --sector-size that are not h's.
+func (o *reencryptOptions) checkLayout(h *keys.Header, path string) error {
+	switch {
+	case o.format != 0 && uint32(o.format) != h.Version:
+		return usagef("--format %d: %s is format version %d, and a new format changes where every sector lies; make a new volume with 'eli init --format %d' and copy the data", o.format, path, h.Version, o.format)
+	case o.sectorSize != 0 && o.sectorSize != h.SectorSize:
+		return usagef("--sector-size %d: %s has %d-byte sectors, and a new sector size changes where every sector lies; make a new volume with 'eli init --sector-size %d' and copy the data", o.sectorSize, path, h.SectorSize, o.sectorSize)
+	}
+	return nil
+}
+
+// unlockForStart checks that h can move to mode in place, unlocks it, and gathers the
+// credentials of every keyslot to keep into others (the unlocking ones among them,
+// which the caller wipes with c).
+func (o *reencryptOptions) unlockForStart(h *keys.Header, mode sector.Mode, others map[int]keys.Credentials, stdin *stdinGuard) (*keys.MasterKey, *credentials, error) {
+	if err := reencrypt.Check(h, mode); err != nil {
+		if errors.Is(err, keys.ErrModeChange) {
+			return nil, nil, usageError{err}
+		}
+		return nil, nil, err
+	}
+	mk, used, c, err := unlockKeeping(h, o.creds, stdin)
+	if err != nil {
+		return nil, nil, err
+	}
+	others[used].Wipe() // the unlocking credentials are the ones that opened it
+	others[used] = c.toKeys()
+	if err := askOtherSlots(h, others, o.dropOthers); err != nil {
+		mk.Wipe()
+		c.wipe()
+		return nil, nil, err
+	}
+	return mk, c, nil
 }
 
 // unlockKeeping is unlock that keeps the credentials it opened a keyslot with: they

@@ -82,6 +82,9 @@ the line on stderr says which.`,
 			if !st.SuspendedSince.IsZero() {
 				row("suspended since", "%s (%d requests held)", st.SuspendedSince.Format(time.RFC3339), st.Held)
 			}
+			if r := st.Reencrypt; r != nil {
+				row("re-encryption", "%s", describeReencrypt(r, st.Name))
+			}
 			if st.Error != "" {
 				row("error", "%s", st.Error)
 			}

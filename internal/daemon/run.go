@@ -69,6 +69,7 @@ func Run(ctx context.Context, cfg *Setup, sd StateDir, p provider.Provider, mk *
 	sw.write()
 	registerOps(ctl, sw)
 	registerSuspendOps(ctl, srv, &cfg.Config, sw)
+	registerReencryptOps(ctl, srv, sw)
 	ctlDone := make(chan struct{})
 	go func() {
 		defer close(ctlDone)
