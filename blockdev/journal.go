@@ -105,7 +105,7 @@ func (j *journal) encode2(entries []journalEntry, root [32]byte) ([]byte, int64,
 		p = append(p, e.old[:]...)
 		p = append(p, e.new[:]...)
 	}
-	j.keys.cur.journal.Seal(p[:0], nonce, p, b[:journal2ADLen])
+	j.keys.cur.sealJournal(p[:0], nonce, p, b[:journal2ADLen])
 	return b, j.l.JournalSlotOffset(int(j.gen % 2)), nil
 }
 
@@ -135,7 +135,7 @@ func (j *journal) encode1(entries []journalEntry) ([]byte, error) {
 		p = append(p, e.old[:]...)
 		p = append(p, e.new[:]...)
 	}
-	j.keys.cur.journal.Seal(p[:0], nonce, p, b[:journalADLen])
+	j.keys.cur.sealJournal(p[:0], nonce, p, b[:journalADLen])
 	return b, nil
 }
 

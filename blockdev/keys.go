@@ -60,6 +60,24 @@ func (k *keySet) setJournalKey(key []byte) error {
 	return nil
 }
 
+// sealJournal and openJournal are the journal AEAD's Seal and Open between two
+// wipe.Stack calls: x/crypto keeps the journal key's words on the stack while it seals
+// or opens, and a stack that grows or shrinks later would carry them where no wipe
+// reaches (internal/wipe's Stack).
+func (k *keySet) sealJournal(dst, nonce, plaintext, ad []byte) []byte {
+	wipe.Stack()
+	out := k.journal.Seal(dst, nonce, plaintext, ad)
+	wipe.Stack()
+	return out
+}
+
+func (k *keySet) openJournal(dst, nonce, sealed, ad []byte) ([]byte, error) {
+	wipe.Stack()
+	out, err := k.journal.Open(dst, nonce, sealed, ad)
+	wipe.Stack()
+	return out, err
+}
+
 // wipeJournal zeroes the journal key inside the x/crypto AEAD (see sector's aead.go for
 // why reflection: the package offers no other way).
 func (k *keySet) wipeJournal() {
@@ -95,16 +113,16 @@ var errJournalKey = errors.New("journal does not open under the journal key")
 // with two keys the first try opens a copy.
 func (k *keyring) openJournal(sealed, nonce, ad []byte) ([]byte, error) {
 	if k.prev == nil || k.prev.journal == nil {
-		p, err := k.cur.journal.Open(sealed[:0], nonce, sealed, ad)
+		p, err := k.cur.openJournal(sealed[:0], nonce, sealed, ad)
 		if err != nil {
 			return nil, errJournalKey
 		}
 		return p, nil
 	}
-	if p, err := k.cur.journal.Open(nil, nonce, sealed, ad); err == nil {
+	if p, err := k.cur.openJournal(nil, nonce, sealed, ad); err == nil {
 		return p, nil
 	}
-	p, err := k.prev.journal.Open(sealed[:0], nonce, sealed, ad)
+	p, err := k.prev.openJournal(sealed[:0], nonce, sealed, ad)
 	if err != nil {
 		return nil, errJournalKey
 	}

@@ -67,6 +67,9 @@ func (k *keyedHash) wipe() {
 
 // hkdfSHA256 fills out with HKDF-SHA256(secret, salt, info) (RFC 5869): extract, then
 // expand. out may be at most 255 blocks of 32 bytes; it should be a Secret's bytes.
+// It stays out of line so that its frames lie below derive's, where wipe.Stack zeroes them.
+//
+//go:noinline
 func hkdfSHA256(out, secret, salt []byte, info string) {
 	if len(out) > 255*hmacSize {
 		panic("keys: HKDF output too long")

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 
 	"github.com/elidisk/eli/sector"
+
+	"github.com/elidisk/eli/internal/wipe"
 )
 
 // MasterKeySize is the length of the master key.
@@ -79,7 +81,11 @@ func (k *MasterKey) headerMACKey() *Secret { return k.derive(infoHeaderMAC, 32) 
 func (k *MasterKey) derive(info string, n int) *Secret {
 	s := NewSecret(n)
 	if n > 0 {
+		// SHA-256 keeps its blocks and states on the stack, the key's and the output's
+		// among them (internal/wipe's Stack).
+		wipe.Stack()
 		hkdfSHA256(s.Bytes(), k.key.Bytes(), k.volumeID[:], info)
+		wipe.Stack()
 	}
 	return s
 }

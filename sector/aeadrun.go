@@ -8,6 +8,7 @@ import (
 
 	"github.com/elidisk/eli/internal/chacha"
 	"github.com/elidisk/eli/internal/poly1305"
+	"github.com/elidisk/eli/internal/wipe"
 )
 
 // MetaRunner is implemented by the authenticated codec: Seal and Open for a run of
@@ -185,7 +186,9 @@ func (c *aeadCodec) OpenRunMeta(first uint64, dst, src, meta []byte) error {
 // sealXCrypto seals one sector with x/crypto's AEAD, whose nonce is already in meta.
 func (c *aeadCodec) sealXCrypto(s *aeadScratch, index uint64, dst, src, meta []byte) {
 	tmp := s.fallback(c.size)
+	wipe.Stack() // x/crypto keeps the key's words on the stack (internal/wipe's Stack)
 	out := c.aead.Seal(tmp[:0], meta[:aeadNonceSize], src, s.chunkADs(index, 1))
+	wipe.Stack()
 	copy(dst, out[:c.size])
 	copy(meta[aeadNonceSize:], out[c.size:])
 }
@@ -197,7 +200,9 @@ func (c *aeadCodec) openXCrypto(s *aeadScratch, index uint64, dst, src, meta []b
 	tmp := s.fallback(c.size)
 	copy(tmp, src)
 	copy(tmp[c.size:], meta[aeadNonceSize:])
+	wipe.Stack()
 	_, err := c.aead.Open(dst[:0], meta[:aeadNonceSize], tmp, s.chunkADs(index, 1))
+	wipe.Stack()
 	return err == nil
 }
 

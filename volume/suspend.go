@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/internal/wipe"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbdkernel"
 	"github.com/elidisk/eli/reencrypt"
@@ -173,6 +174,9 @@ func (s *Server) Suspend(ctx context.Context) error {
 	if err := s.vol.Suspend(ctx); err != nil {
 		s.restoreKernelTimeout()
 		return err
+	}
+	if err := wipe.SignalFrames(); err != nil {
+		s.log.Warn("suspend: the registers saved by the last signal to each thread may still hold key material", "err", err)
 	}
 	s.log.Info("suspended: every write is on the provider, the keys are wiped, and requests wait for 'eli resume'", "name", s.cfg.Name)
 	return nil

@@ -32,6 +32,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/crypto/xts"
+
+	"github.com/elidisk/eli/internal/wipe"
 )
 
 // BlockSize is the AES block size: data units are whole multiples of it.
@@ -54,8 +56,14 @@ type Cipher struct {
 // New returns AES-XTS for key: 32 bytes (AES-128-XTS) or 64 (AES-256-XTS), the data key
 // followed by the tweak key. It keeps only round keys, never key itself. It does not
 // refuse a key whose halves are equal (FIPS 140-3 IG C.I asks callers to).
-func New(key []byte) (*Cipher, error) { return newCipher(key, defaultEngine) }
+func New(key []byte) (*Cipher, error) {
+	wipe.Stack() // the key expansion holds the key on the stack (internal/wipe's Stack)
+	c, err := newCipher(key, defaultEngine)
+	wipe.Stack()
+	return c, err
+}
 
+//go:noinline
 func newCipher(key []byte, e engine) (*Cipher, error) {
 	c := &Cipher{e: e}
 	switch len(key) {

@@ -3,6 +3,8 @@ package chacha
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/elidisk/eli/internal/wipe"
 )
 
 // XChaCha20-Poly1305 (draft-irtf-cfrg-xchacha-03 §2.3 over RFC 8439 §2.8) for runs of
@@ -28,7 +30,9 @@ const (
 // nothing. It panics if len(nonces) is not a multiple of 24, if subkeys or polyKeys is
 // not 32·n bytes, or if any two of the three overlap.
 func XAEADKeys(key *[KeySize]byte, nonces, subkeys, polyKeys []byte) {
+	wipe.Stack()
 	xaeadKeys(defaultEngine, key, nonces, subkeys, polyKeys)
+	wipe.Stack()
 }
 
 // XORKeyStreamSubkeys XORs src into dst as n = len(nonces)/24 consecutive messages of
@@ -42,6 +46,13 @@ func XORKeyStreamSubkeys(subkeys, nonces, dst, src []byte) {
 
 const aeadRounds = 20
 
+// xaeadKeys, like the other functions the exported ones that take a key call, holds the
+// key's words on the stack: every exported function that takes a key calls its worker
+// between two wipe.Stack calls, and the workers stay out of line so that their frames
+// lie below the wrapper's, where the second call zeroes them (docs/threat-model.md,
+// "Suspend").
+//
+//go:noinline
 func xaeadKeys(e engine, key *[KeySize]byte, nonces, subkeys, polyKeys []byte) {
 	if len(nonces)%NonceSizeX != 0 {
 		panic(fmt.Sprintf("chacha: given %d bytes of nonces, not a multiple of %d", len(nonces), NonceSizeX))

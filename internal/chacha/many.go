@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"unsafe"
+
+	"github.com/elidisk/eli/internal/wipe"
 )
 
 // hSubkeySize is the length of one HChaCha subkey, the output of HChaChaMany per nonce.
@@ -21,6 +23,13 @@ const manyChunk = 16
 // allocates nothing. It panics if rounds is not 8, 12 or 20, if len(nonces) is not a
 // multiple of 16, if len(out) is not 2·len(nonces), or if out and nonces overlap.
 func HChaChaMany(rounds int, key *[KeySize]byte, nonces, out []byte) {
+	wipe.Stack()
+	hChaChaMany(rounds, key, nonces, out)
+	wipe.Stack()
+}
+
+//go:noinline
+func hChaChaMany(rounds int, key *[KeySize]byte, nonces, out []byte) {
 	if err := checkRounds(rounds); err != nil {
 		panic(err.Error())
 	}
@@ -48,7 +57,9 @@ func HChaChaMany(rounds int, key *[KeySize]byte, nonces, out []byte) {
 // for runs of disk sectors with one nonce per sector. It allocates nothing. It panics
 // where XORKeyStreamXMany does.
 func XORKeyStreamMany(rounds int, key *[KeySize]byte, nonces, dst, src []byte) {
+	wipe.Stack()
 	xorMany(defaultEngine, rounds, key, NonceSize, nonces, dst, src)
+	wipe.Stack()
 }
 
 // XORKeyStreamXMany XORs src into dst as n = len(nonces)/24 consecutive messages of
@@ -61,10 +72,14 @@ func XORKeyStreamMany(rounds int, key *[KeySize]byte, nonces, dst, src []byte) {
 // when n is 0), if dst is shorter than src, if dst and src overlap inexactly, if nonces
 // overlaps dst, or if a message is longer than a 32-bit counter reaches (256 GiB).
 func XORKeyStreamXMany(rounds int, key *[KeySize]byte, nonces, dst, src []byte) {
+	wipe.Stack()
 	xorMany(defaultEngine, rounds, key, NonceSizeX, nonces, dst, src)
+	wipe.Stack()
 }
 
 // xorMany is XORKeyStreamMany (nonceSize 12) and XORKeyStreamXMany (24) on engine e.
+//
+//go:noinline
 func xorMany(e engine, rounds int, key *[KeySize]byte, nonceSize int, nonces, dst, src []byte) {
 	m := checkMany(rounds, nonceSize, nonces, dst, src)
 	if m == 0 {

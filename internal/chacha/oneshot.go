@@ -3,6 +3,8 @@ package chacha
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/elidisk/eli/internal/wipe"
 )
 
 // XORKeyStreamAt XORs src into dst with the RFC 8439 keystream of (rounds, key, nonce)
@@ -11,6 +13,13 @@ import (
 // from many goroutines. It panics if rounds is not 8, 12 or 20, if dst is shorter than
 // src, if they overlap inexactly, or if src runs past block 2^32−1.
 func XORKeyStreamAt(rounds int, key *[KeySize]byte, nonce *[NonceSize]byte, counter uint32, dst, src []byte) {
+	wipe.Stack()
+	xorKeyStreamAt(rounds, key, nonce, counter, dst, src)
+	wipe.Stack()
+}
+
+//go:noinline
+func xorKeyStreamAt(rounds int, key *[KeySize]byte, nonce *[NonceSize]byte, counter uint32, dst, src []byte) {
 	var st [16]uint32
 	initState(&st, key)
 	st[12] = counter
@@ -23,6 +32,13 @@ func XORKeyStreamAt(rounds int, key *[KeySize]byte, nonce *[NonceSize]byte, coun
 // XORKeyStreamXAt is XORKeyStreamAt for XChaCha: the bytes NewX, SetCounter(counter) and
 // XORKeyStream would give. It computes one HChaCha per call.
 func XORKeyStreamXAt(rounds int, key *[KeySize]byte, nonce *[NonceSizeX]byte, counter uint32, dst, src []byte) {
+	wipe.Stack()
+	xorKeyStreamXAt(rounds, key, nonce, counter, dst, src)
+	wipe.Stack()
+}
+
+//go:noinline
+func xorKeyStreamXAt(rounds int, key *[KeySize]byte, nonce *[NonceSizeX]byte, counter uint32, dst, src []byte) {
 	var st [16]uint32
 	xState(&st, rounds, key, nonce)
 	st[12] = counter

@@ -3,8 +3,14 @@ package wipe
 
 import (
 	"crypto/cipher"
+	"os"
 	"reflect"
+	"strconv"
+	"strings"
+	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // AEADKey zeroes the key inside an x/crypto chacha20poly1305 AEAD (ChaCha20-Poly1305 or
@@ -23,4 +29,82 @@ func AEADKey(a cipher.AEAD) bool {
 	}
 	clear(unsafe.Slice((*byte)(unsafe.Pointer(f.UnsafeAddr())), f.Len()))
 	return true
+}
+
+// StackBytes is how much of the stack below its caller Stack zeroes: more than any call
+// that holds a key on the stack uses (internal/chacha: TestKeyedCallsFitTheStackWipe).
+const StackBytes = 6 << 10
+
+// Stack zeroes StackBytes of the goroutine's stack below its caller's frame. Called
+// before a call that puts key material on the stack, it makes the stack grow, if it
+// must, while nothing secret is on it: growing copies the stack and frees the old one
+// without zeroing it, and the old one would keep the key where no wipe reaches. Called
+// after, it overwrites what the call left below the stack pointer, which a later growth
+// or the collector's shrinking would otherwise copy or free as it is.
+//
+//go:noinline
+func Stack() {
+	var b [StackBytes]byte
+	keep(&b)
+}
+
+// keep makes the compiler zero b and keep it on the stack (its address does not escape).
+//
+//go:noinline
+func keep(b *[StackBytes]byte) {}
+
+// SignalFrames overwrites what the kernel saved of this process's registers when a
+// signal last interrupted each of its threads: a signal frame holds the vector
+// registers, and AES code keeps round keys there (the first two of AES-256 are the key's
+// first half). The frames stay on each thread's signal stack until the next signal writes
+// over them at the same place, so this sends every thread the Go runtime's preemption
+// signal, SIGURG, which the runtime takes in its stride, and waits until each has been
+// delivered. Call it once the keys are wiped and nothing runs that holds them.
+func SignalFrames() error {
+	pid := unix.Getpid()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		// A thread that has exited meanwhile has no frame left to overwrite.
+		if err := unix.Tgkill(pid, tid, unix.SIGURG); err != nil && err != unix.ESRCH {
+			return err
+		}
+	}
+	// Delivery is asynchronous: wait until no thread has SIGURG pending.
+	for range 100 {
+		if !sigurgPending(pid) {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// sigurgPending reports whether some thread of pid still has SIGURG pending.
+func sigurgPending(pid int) bool {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return false
+	}
+	bit := uint64(1) << (uint(unix.SIGURG) - 1)
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "SigPnd:"); ok {
+				if m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && m&bit != 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
