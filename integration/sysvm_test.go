@@ -135,7 +135,12 @@ func (g sysGuest) run(script string) string {
 		g.t.Fatal(err)
 	}
 	if r.RC != 0 {
-		g.t.Fatalf("guest script failed: %s\nscript:\n%s", r, script)
+		// What the units said: a failed start of a volume's service is in its journal.
+		units := "(the units' journal could not be read)"
+		if j, err := g.m.Run(g.ctx, "systemctl --no-pager --failed; journalctl -b --no-pager -o short-monotonic -u 'eli@*' -u 'nbdkit-eli*' | tail -120"); err == nil {
+			units = string(j.Stdout)
+		}
+		g.t.Fatalf("guest script failed: %s\nscript:\n%s\nunits:\n%s", r, script, units)
 	}
 	return strings.TrimSpace(string(r.Stdout))
 }
