@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/nbd"
@@ -85,44 +86,13 @@ func TestErrorMap(t *testing.T) {
 // layout and its master key.
 func testVolume(t testing.TB, dir string, size int64, mode sector.Mode) (string, layout.Layout, *keys.MasterKey) {
 	t.Helper()
-	path := filepath.Join(dir, "v.img")
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
-	p, err := provider.Open(path, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	l, err := layout.Plan(size, 4096, mode, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := blockdev.Format(p, l); err != nil {
-		t.Fatal(err)
-	}
-	kdf, err := keys.Fixed(1, 8, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk, err := keys.Create(p, l, keys.Credentials{Passphrase: []byte("test")}, kdf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return path, l, mk
+	return elitest.Volume(t, dir, size, mode)
 }
 
 // copyKey is a master key the test can hand to something that wipes it.
 func copyKey(t testing.TB, mk *keys.MasterKey) *keys.MasterKey {
 	t.Helper()
-	c, err := keys.NewMasterKey(mk.VolumeID(), mk.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return elitest.CopyKey(t, mk)
 }
 
 func flipByte(t *testing.T, path string, off int64) {

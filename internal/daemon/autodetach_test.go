@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
@@ -15,7 +16,7 @@ import (
 // after at least one connected: not before the first, not while one of two remains.
 func TestAutoDetach(t *testing.T) {
 	t.Parallel()
-	path, _, mk := testVolume(t, t.TempDir(), 8<<20, sector.Default)
+	path, _, mk := elitest.Volume(t, t.TempDir(), 8<<20, sector.Default)
 	defer mk.Wipe()
 	p, err := provider.Open(path, false)
 	if err != nil {
@@ -33,7 +34,7 @@ func TestAutoDetach(t *testing.T) {
 	defer cancel()
 	ready := make(chan *Record, 1)
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, sd, p, copyKey(t, mk), nil, func(r *Record) { ready <- r }) }()
+	go func() { done <- Run(ctx, cfg, sd, p, elitest.CopyKey(t, mk), nil, func(r *Record) { ready <- r }) }()
 	select {
 	case <-ready:
 	case err := <-done:

@@ -5,63 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/elidisk/eli/blockdev"
 	"github.com/elidisk/eli/internal/control"
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/keys"
-	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/nbdclient"
 	"github.com/elidisk/eli/provider"
 	"github.com/elidisk/eli/sector"
 	"github.com/elidisk/eli/volume"
 )
-
-// testVolume makes a volume of size bytes in mode in dir, with the passphrase "test".
-func testVolume(t testing.TB, dir string, size int64, mode sector.Mode) (string, layout.Layout, *keys.MasterKey) {
-	t.Helper()
-	path := filepath.Join(dir, "v.img")
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
-	p, err := provider.Open(path, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	l, err := layout.Plan(size, 4096, mode, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := blockdev.Format(p, l); err != nil {
-		t.Fatal(err)
-	}
-	kdf, err := keys.Fixed(1, 8, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk, err := keys.Create(p, l, keys.Credentials{Passphrase: []byte("test")}, kdf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return path, l, mk
-}
-
-func copyKey(t testing.TB, mk *keys.MasterKey) *keys.MasterKey {
-	t.Helper()
-	c, err := keys.NewMasterKey(mk.VolumeID(), mk.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
 
 // liveStatus asks the server of name for its status over the control socket.
 func liveStatus(t *testing.T, sd StateDir, name string) volume.Status {
@@ -83,7 +38,7 @@ func TestRunSuspendResume(t *testing.T) {
 	for _, mode := range []sector.Mode{sector.Default, sector.ModeAESXTS256} {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
-			path, _, mk := testVolume(t, t.TempDir(), 8<<20, mode)
+			path, _, mk := elitest.Volume(t, t.TempDir(), 8<<20, mode)
 			defer mk.Wipe()
 			p, err := provider.Open(path, false)
 			if err != nil {
@@ -102,7 +57,7 @@ func TestRunSuspendResume(t *testing.T) {
 			defer cancel()
 			ready := make(chan *Record, 1)
 			done := make(chan error, 1)
-			go func() { done <- Run(ctx, cfg, sd, p, copyKey(t, mk), nil, func(r *Record) { ready <- r }) }()
+			go func() { done <- Run(ctx, cfg, sd, p, elitest.CopyKey(t, mk), nil, func(r *Record) { ready <- r }) }()
 			select {
 			case <-ready:
 			case err := <-done:
@@ -213,7 +168,7 @@ func TestRunSuspendResume(t *testing.T) {
 			if err := <-held; err == nil {
 				t.Error("a write held when the suspended server stopped succeeded")
 			}
-			v, err := volume.Open(p, copyKey(t, mk), volume.Options{})
+			v, err := volume.Open(p, elitest.CopyKey(t, mk), volume.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
