@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -24,22 +23,8 @@ func TestAutoDetach(t *testing.T) {
 	}
 	defer p.Close()
 	sd := StateDir{Path: shortDir(t)}
-	lock, err := sd.LockName("d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Release()
 	cfg := &Setup{Config: volume.Config{Name: "d", Provider: path, Socket: sd.File("d", ".sock"), AutoDetach: true}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan *Record, 1)
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, sd, p, elitest.CopyKey(t, mk), nil, func(r *Record) { ready <- r }) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	}
+	_, done := startRun(t, sd, cfg, p, elitest.CopyKey(t, mk))
 	stillRuns := func(what string) {
 		t.Helper()
 		select {

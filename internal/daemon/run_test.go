@@ -228,3 +228,25 @@ func TestRunListenFailureTouchesNothing(t *testing.T) {
 		t.Errorf("a failed start left %v", ents)
 	}
 }
+
+// startRun runs cfg's server in the background under the name lock it takes, and
+// returns once it serves; done receives Run's result, cancel stops it.
+func startRun(t *testing.T, sd StateDir, cfg *Setup, p provider.Provider, mk *keys.MasterKey) (cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	lock, err := sd.LockName(cfg.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lock.Release)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ready := make(chan *Record, 1)
+	result := make(chan error, 1)
+	go func() { result <- Run(ctx, cfg, sd, p, mk, nil, func(r *Record) { ready <- r }) }()
+	select {
+	case <-ready:
+	case err := <-result:
+		t.Fatalf("Run: %v", err)
+	}
+	return cancel, result
+}

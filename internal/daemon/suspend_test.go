@@ -47,22 +47,9 @@ func TestRunSuspendResume(t *testing.T) {
 			defer p.Close()
 			sd := StateDir{Path: shortDir(t)}
 			name := "s"
-			lock, err := sd.LockName(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Release()
 			cfg := &Setup{Config: volume.Config{Name: name, Provider: path, Socket: sd.File(name, ".sock"), VolumeID: mk.VolumeID()}}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			ready := make(chan *Record, 1)
-			done := make(chan error, 1)
-			go func() { done <- Run(ctx, cfg, sd, p, elitest.CopyKey(t, mk), nil, func(r *Record) { ready <- r }) }()
-			select {
-			case <-ready:
-			case err := <-done:
-				t.Fatalf("Run: %v", err)
-			}
+			cancel, done := startRun(t, sd, cfg, p, elitest.CopyKey(t, mk))
+			ctx := context.Background() // the control calls'; cancel stops the server
 			dial := func() *nbdclient.Client {
 				c, err := nbdclient.Dial("unix", cfg.Socket, "")
 				if err != nil {
