@@ -92,7 +92,10 @@ func (e *WitnessError) Unwrap() error { return e.Err }
 // a fork, is refused (*RollbackError) without holding the volume for the time of a
 // KDF. Open makes the check that counts, on what the key verifies; this one only
 // refuses what that one would (the newest slot's generation, even torn, is never below
-// the last one completed, which is all a witness ever records).
+// the last one completed, which is all a witness ever records). A witness at generation
+// 0, written when the volume had never committed, refuses no root: a slot torn in the
+// volume's first commit (a copy into the mapping cut at any byte) may read as
+// generation 0 with part of a root, which no key verifies and Open ignores.
 func CheckWitness(witness string, p provider.Provider, hdr *keys.Header) error {
 	if witness == "" || !hdr.Layout.Tree() {
 		return nil
@@ -108,7 +111,7 @@ func CheckWitness(witness string, p provider.Provider, hdr *keys.Header) error {
 	switch {
 	case !ok && seen.Generation > 0, ok && f.Generation < seen.Generation:
 		return &RollbackError{Witness: witness, WitnessGeneration: seen.Generation, Generation: f.Generation}
-	case ok && f.Generation == seen.Generation && f.Root != seen.Root:
+	case ok && seen.Generation > 0 && f.Generation == seen.Generation && f.Root != seen.Root:
 		return &RollbackError{Witness: witness, WitnessGeneration: seen.Generation, Generation: f.Generation, Fork: true}
 	}
 	return nil

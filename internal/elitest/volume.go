@@ -13,8 +13,15 @@ import (
 )
 
 // Volume makes dir/v.img, a volume of size bytes in mode with 4096-byte sectors and the
-// passphrase "test" under the cheapest KDF, and returns its path, layout and master key.
+// passphrase "test" under the cheapest KDF, in format version 1, and returns its path,
+// layout and master key.
 func Volume(t testing.TB, dir string, size int64, mode sector.Mode) (string, layout.Layout, *keys.MasterKey) {
+	t.Helper()
+	return VolumeVersion(t, dir, size, mode, layout.Version1)
+}
+
+// VolumeVersion is Volume in a format version (layout.Version2 for the hash tree).
+func VolumeVersion(t testing.TB, dir string, size int64, mode sector.Mode, version uint32) (string, layout.Layout, *keys.MasterKey) {
 	t.Helper()
 	path := filepath.Join(dir, "v.img")
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
@@ -28,7 +35,7 @@ func Volume(t testing.TB, dir string, size int64, mode sector.Mode) (string, lay
 		t.Fatal(err)
 	}
 	defer p.Close()
-	l, err := layout.Plan(size, 4096, mode, 0)
+	l, err := layout.PlanVersion(version, size, 4096, mode, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
