@@ -137,31 +137,16 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	var hdr *keys.Header
 	if o := opts.Onetime; o != nil {
 		var err error
+		if l, err = formatOnetime(p, o); err != nil {
+			return nil, err
+		}
 		mode = o.Mode
-		l, err = layout.Plan(p.Size(), o.SectorSize, mode, 0)
-		if err != nil {
-			return nil, err
-		}
-		if err := blockdev.Format(p, l); err != nil {
-			return nil, fmt.Errorf("prepare onetime volume: %w", err)
-		}
 	} else {
-		h, err := keys.Read(p)
-		if err != nil {
+		var err error
+		if hdr, prev, err = unlockHeader(p, mk); err != nil {
 			return nil, err
 		}
-		if err := h.Verify(mk); err != nil {
-			return nil, err
-		}
-		if err := h.Layout.Validate(p.Size()); err != nil {
-			return nil, err
-		}
-		mode = h.Mode
-		l = h.Layout
-		hdr = h
-		if prev, err = reencrypt.PreviousKeys(h, mk); err != nil {
-			return nil, err
-		}
+		mode, l = hdr.Mode, hdr.Layout
 	}
 	dk := mk.DataKey(mode)
 	defer dk.Wipe()
@@ -175,32 +160,26 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		log = slog.New(slog.DiscardHandler)
 	}
 	var wit *witness
-	var seen *blockdev.Freshness // what the witness holds, if anything
-	var minGen uint64
-	var onFlushed func(uint64, [32]byte)
 	if opts.Witness != "" && l.Version >= 2 {
-		if seen, err = readWitness(opts.Witness, mk.VolumeID()); err != nil {
+		if wit, err = openWitness(opts.Witness, mk.VolumeID(), log); err != nil {
 			codec.Wipe()
 			prev.Wipe()
 			return nil, err
 		}
-		if seen != nil && !opts.AcceptRollback {
-			minGen = seen.Generation
-		}
-		wit = newWitness(opts.Witness, mk.VolumeID(), log)
-		onFlushed = wit.record
 	}
 	jk := mk.JournalKey()
 	defer jk.Wipe()
 	cfg := blockdev.Config{
-		Layout:        l,
-		Codec:         codec,
-		JournalKey:    jk.Bytes(),
-		ReadOnly:      opts.ReadOnly,
-		CacheBytes:    opts.CacheBytes,
-		Logger:        opts.Logger,
-		MinGeneration: minGen,
-		OnFlushed:     onFlushed,
+		Layout:     l,
+		Codec:      codec,
+		JournalKey: jk.Bytes(),
+		ReadOnly:   opts.ReadOnly,
+		CacheBytes: opts.CacheBytes,
+		Logger:     opts.Logger,
+	}
+	if wit != nil {
+		cfg.MinGeneration = wit.minGeneration(opts.AcceptRollback)
+		cfg.OnFlushed = wit.record
 	}
 	if prev != nil {
 		// The header says a re-encryption is under way: sectors not moved yet open
@@ -221,7 +200,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 			wit.close()
 		}
 		if errors.Is(err, blockdev.ErrRolledBack) {
-			err = &RollbackError{Witness: opts.Witness, WitnessGeneration: minGen, Err: err}
+			err = &RollbackError{Witness: opts.Witness, WitnessGeneration: cfg.MinGeneration, Err: err}
 		}
 		return nil, err
 	}
@@ -245,6 +224,54 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	if opts.WriteThrough && mode.Authenticated() {
 		v.fua = blockdev.FUA
 	}
+	v.watchProvider(p)
+	if f, ok := dev.Freshness(); ok && wit != nil {
+		warnings, err := wit.attach(f, opts.AcceptRollback)
+		if err != nil {
+			v.Close()
+			return nil, err
+		}
+		v.warnings = append(v.warnings, warnings...)
+	}
+	return v, nil
+}
+
+// formatOnetime prepares p for a onetime volume (Options.Onetime): a fresh layout, with
+// no header, since the key is never kept.
+func formatOnetime(p provider.Provider, o *Onetime) (layout.Layout, error) {
+	l, err := layout.Plan(p.Size(), o.SectorSize, o.Mode, 0)
+	if err != nil {
+		return layout.Layout{}, err
+	}
+	if err := blockdev.Format(p, l); err != nil {
+		return layout.Layout{}, fmt.Errorf("prepare onetime volume: %w", err)
+	}
+	return l, nil
+}
+
+// unlockHeader reads p's header and verifies it against mk: the header, and the
+// previous keys of a re-encryption under way (nil when there is none).
+func unlockHeader(p provider.Provider, mk *keys.MasterKey) (*keys.Header, *reencrypt.Previous, error) {
+	h, err := keys.Read(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := h.Verify(mk); err != nil {
+		return nil, nil, err
+	}
+	if err := h.Layout.Validate(p.Size()); err != nil {
+		return nil, nil, err
+	}
+	prev, err := reencrypt.PreviousKeys(h, mk)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h, prev, nil
+}
+
+// watchProvider keeps what a remote provider can say of itself: whether another host
+// took it over, how its storage is doing, and a way to bound its I/O at shutdown.
+func (v *Volume) watchProvider(p provider.Provider) {
 	if f, ok := p.(Fencer); ok {
 		v.fenced = f.Fenced
 	}
@@ -254,35 +281,6 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 	if d, ok := p.(Deadliner); ok {
 		v.deadliner = d
 	}
-	if f, ok := dev.Freshness(); ok && wit != nil {
-		if seen != nil && !opts.AcceptRollback && f.Generation == seen.Generation && f.Root != seen.Root {
-			v.Close()
-			return nil, &RollbackError{Witness: opts.Witness, WitnessGeneration: seen.Generation, Generation: f.Generation, Fork: true}
-		}
-		if seen != nil && f.Generation > seen.Generation {
-			log.Info("provider newer than its witness: a flush that the witness had not recorded yet", "witness", opts.Witness,
-				"witness_generation", seen.Generation, "generation", f.Generation)
-		}
-		if opts.AcceptRollback && seen != nil && f.Generation < seen.Generation {
-			log.Warn("rollback accepted: the witness is reset to the provider", "witness", opts.Witness,
-				"witness_generation", seen.Generation, "generation", f.Generation)
-		}
-		if seen == nil && f.Generation > 0 {
-			w := fmt.Sprintf("no witness of this volume on this host (%s), though it has been written (generation %d): "+
-				"the provider is trusted as it is, so an older image put back would not have been noticed this time; "+
-				"its witness starts now. If this host attached the volume before, its witness was lost: "+
-				"check that the data is what you expect", opts.Witness, f.Generation)
-			v.warnings = append(v.warnings, w)
-			log.Warn("no witness: the provider is trusted as it is", "witness", opts.Witness, "generation", f.Generation)
-		}
-		wit.record(f.Generation, f.Root)
-		// The first write is made now, so that a witness that cannot be written is
-		// known (and said) at attach, not found in a log later.
-		if err := wit.writeNow(); err != nil {
-			v.warnings = append(v.warnings, witnessProblem(opts.Witness, err))
-		}
-	}
-	return v, nil
 }
 
 // witnessProblem is what a witness that cannot be written means.

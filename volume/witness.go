@@ -204,6 +204,7 @@ type witness struct {
 	path string
 	id   [16]byte
 	log  *slog.Logger
+	seen *blockdev.Freshness // what the file held when the volume opened (nil: no file)
 
 	mu      sync.Mutex
 	latest  blockdev.Freshness // the newest flushed state reported
@@ -219,6 +220,58 @@ func newWitness(path string, id [16]byte, log *slog.Logger) *witness {
 	w := &witness{path: path, id: id, log: log, kick: make(chan struct{}, 1), done: make(chan struct{}), stopped: make(chan struct{})}
 	go w.run()
 	return w
+}
+
+// openWitness reads the witness at path of volume id before the volume's device opens,
+// and starts the writer that will follow its flushes.
+func openWitness(path string, id [16]byte, log *slog.Logger) (*witness, error) {
+	seen, err := readWitness(path, id)
+	if err != nil {
+		return nil, err
+	}
+	w := newWitness(path, id, log)
+	w.seen = seen
+	return w, nil
+}
+
+// minGeneration is the generation below which the device refuses the provider: the one
+// the witness held, unless a rollback is accepted.
+func (w *witness) minGeneration(acceptRollback bool) uint64 {
+	if w.seen == nil || acceptRollback {
+		return 0
+	}
+	return w.seen.Generation
+}
+
+// attach checks what the opened device verified (f) against what the witness held: a
+// fork (the same generation with another root) is refused unless a rollback is
+// accepted; a provider older than the witness has been refused by the device already.
+// It then records f and writes it at once, so that a witness that cannot be written is
+// known at attach, not found in a log later; warnings are for the user.
+func (w *witness) attach(f blockdev.Freshness, acceptRollback bool) (warnings []string, err error) {
+	seen := w.seen
+	switch {
+	case seen == nil && f.Generation > 0:
+		warnings = append(warnings, fmt.Sprintf("no witness of this volume on this host (%s), though it has been written (generation %d): "+
+			"the provider is trusted as it is, so an older image put back would not have been noticed this time; "+
+			"its witness starts now. If this host attached the volume before, its witness was lost: "+
+			"check that the data is what you expect", w.path, f.Generation))
+		w.log.Warn("no witness: the provider is trusted as it is", "witness", w.path, "generation", f.Generation)
+	case seen == nil:
+	case !acceptRollback && f.Generation == seen.Generation && f.Root != seen.Root:
+		return nil, &RollbackError{Witness: w.path, WitnessGeneration: seen.Generation, Generation: f.Generation, Fork: true}
+	case f.Generation > seen.Generation:
+		w.log.Info("provider newer than its witness: a flush that the witness had not recorded yet", "witness", w.path,
+			"witness_generation", seen.Generation, "generation", f.Generation)
+	case acceptRollback && f.Generation < seen.Generation:
+		w.log.Warn("rollback accepted: the witness is reset to the provider", "witness", w.path,
+			"witness_generation", seen.Generation, "generation", f.Generation)
+	}
+	w.record(f.Generation, f.Root)
+	if err := w.writeNow(); err != nil {
+		warnings = append(warnings, witnessProblem(w.path, err))
+	}
+	return warnings, nil
 }
 
 // record notes a completed flush's state; the file follows shortly.
