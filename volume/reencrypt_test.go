@@ -5,13 +5,12 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
@@ -23,33 +22,7 @@ var testPass = keys.Credentials{Passphrase: []byte("test")}
 // reencVolume makes a volume of mode and format version on a file and returns its path.
 func reencVolume(t *testing.T, version uint32, mode sector.Mode, size int64) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "v.img")
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
-	p, err := provider.Open(path, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	l, err := layout.PlanVersion(version, size, 4096, mode, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := blockdev.Format(p, l); err != nil {
-		t.Fatal(err)
-	}
-	kdf, err := keys.Fixed(1, 8, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk, err := keys.Create(p, l, testPass, kdf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, _, mk := elitest.VolumeVersion(t, t.TempDir(), size, mode, version)
 	mk.Wipe()
 	return path
 }
