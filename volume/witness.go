@@ -244,7 +244,8 @@ func (w *witness) minGeneration(acceptRollback bool) uint64 {
 }
 
 // attach checks what the opened device verified (f) against what the witness held: a
-// fork (the same generation with another root) is refused unless a rollback is
+// fork (the same generation past 0 with another root; at generation 0 the volume had
+// never committed, and there is nothing to fork) is refused unless a rollback is
 // accepted; a provider older than the witness has been refused by the device already.
 // It then records f and writes it at once, so that a witness that cannot be written is
 // known at attach, not found in a log later; warnings are for the user.
@@ -258,7 +259,7 @@ func (w *witness) attach(f blockdev.Freshness, acceptRollback bool) (warnings []
 			"check that the data is what you expect", w.path, f.Generation))
 		w.log.Warn("no witness: the provider is trusted as it is", "witness", w.path, "generation", f.Generation)
 	case seen == nil:
-	case !acceptRollback && f.Generation == seen.Generation && f.Root != seen.Root:
+	case !acceptRollback && seen.Generation > 0 && f.Generation == seen.Generation && f.Root != seen.Root:
 		return nil, &RollbackError{Witness: w.path, WitnessGeneration: seen.Generation, Generation: f.Generation, Fork: true}
 	case f.Generation > seen.Generation:
 		w.log.Info("provider newer than its witness: a flush that the witness had not recorded yet", "witness", w.path,
