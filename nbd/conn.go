@@ -32,15 +32,7 @@ type conn struct {
 	remote string // for the log
 	source string // the peer's IP address for MaxConnsPerSource; "" on a unix socket
 
-	// Negotiated in the handshake.
-	fixed      bool // the client speaks fixed newstyle
-	tlsUp      bool
-	structured bool
-	extended   bool   // NBD_OPT_EXTENDED_HEADERS: 32-byte requests and replies
-	metaID     uint32 // base:allocation's context ID once selected, else 0
-	metaExport string // the export NBD_OPT_SET_META_CONTEXT named
-	exp        *export
-	optBuf     []byte
+	negotiated // in the handshake; read-only in transmission
 
 	inTransmission bool // guarded by s.mu
 	evicted        bool // guarded by s.mu
@@ -456,21 +448,21 @@ func (c *conn) readFailure(err error, betweenRequests bool) (string, slog.Level)
 	return "read error: " + err.Error(), slog.LevelWarn
 }
 
-// check validates a request against the export before any backend work, returning an NBD
-// error value and a message, or 0. The rules are proto.md's "Request types", "Block size
-// constraints" and "Error values".
-func (c *conn) check(r *request) (uint32, string) {
-	x := c.exp
+// check validates a request against the export and what was negotiated before any
+// backend work, returning an NBD error value and a message, or 0. The rules are proto.md's
+// "Request types", "Block size constraints" and "Error values".
+func (n *negotiated) check(r *request) (uint32, string) {
+	x := n.exp
 	allowed := uint16(nbdproto.CmdFlagFUA) // valid on every command (proto.md "Command flags")
 	write := false
 	switch r.typ {
 	case nbdproto.CmdRead:
-		if c.structured {
+		if n.structured {
 			allowed |= nbdproto.CmdFlagDF
 		}
 	case nbdproto.CmdWrite:
 		write = true
-		if c.extended {
+		if n.extended {
 			if r.flags&nbdproto.CmdFlagPayloadLen == 0 {
 				// proto.md: with extended headers NBD_CMD_WRITE MUST use the flag.
 				return nbdproto.EInval, "NBD_CMD_WRITE with extended headers must set NBD_CMD_FLAG_PAYLOAD_LEN"
@@ -484,7 +476,7 @@ func (c *conn) check(r *request) (uint32, string) {
 		allowed |= nbdproto.CmdFlagNoHole | nbdproto.CmdFlagFastZero
 	case nbdproto.CmdFlush, nbdproto.CmdCache:
 	case nbdproto.CmdBlockStatus:
-		if c.metaID == 0 {
+		if n.metaID == 0 {
 			return nbdproto.EInval, "NBD_CMD_BLOCK_STATUS needs a metadata context: select base:allocation with NBD_OPT_SET_META_CONTEXT"
 		}
 		allowed |= nbdproto.CmdFlagReqOne
