@@ -60,16 +60,7 @@ type conn struct {
 	// answered at once, are not counted.)
 	slowest atomic.Int64
 
-	// Running requests in the reader (inline.go). inlined and handedOn count requests
-	// run so and hand-ons, for tests; per connection, so that no cache line is shared
-	// between connections on the request path.
-	inlined, handedOn atomic.Uint64
-	inlining          atomic.Int32 // inlineNone, inlineRunning or inlineHandedOn
-	inlineOff         int          // the reader's: eligible requests to hand to workers still
-	handOn            *time.Timer  // hands reading on when an inline request runs long
-	watching          atomic.Bool  // handOn is armed
-	inlineStart       atomic.Int64 // when the reader's inline request started, since start
-	readEnd           chan readEnd // the reason the last reader ended, after hand-ons
+	inliner // running requests in the reader: inline.go
 }
 
 // request is one transmission-phase request; its buf holds the WRITE payload or the READ
@@ -207,9 +198,7 @@ func (c *conn) transmit() (string, slog.Level) {
 	c.out.w = c.rw
 	c.work = make(chan *request)
 	br := bufio.NewReaderSize(c.rw, readBufSize)
-	c.readEnd = make(chan readEnd, 1)
-	c.handOn = time.AfterFunc(time.Hour, func() { c.checkInline(br) })
-	c.handOn.Stop()
+	c.inliner.setup(orDefault(c.s.handOnAfter, handOnAfter), func() { c.checkInline(br) })
 	reason, level, handedOn := c.readLoop(br)
 	if handedOn {
 		end := <-c.readEnd
