@@ -38,13 +38,8 @@ type conn struct {
 	evicted        bool // guarded by s.mu
 
 	local    *limiter
-	res      *reserve      // this connection's share of s.global
-	done     chan struct{} // closed to make a reader waiting for budget give up
-	doneOnce sync.Once
-	stopping atomic.Bool
-	unread   atomic.Bool // handing over: leave requests not yet started unanswered
-	dlMu     sync.Mutex  // orders read deadline changes against stop
-	stopAt   time.Time   // guarded by dlMu: when a stopping connection stops reading
+	res      *reserve // this connection's share of s.global
+	stopper           // stop.go
 	work     chan *request
 	nworkers int
 	workers  sync.WaitGroup
@@ -83,11 +78,14 @@ var requestPool = sync.Pool{New: func() any { return new(request) }}
 
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{
-		s:      s,
-		nc:     nc,
-		rw:     newRawConn(nc),
-		start:  time.Now(),
-		done:   make(chan struct{}),
+		s:     s,
+		nc:    nc,
+		rw:    newRawConn(nc),
+		start: time.Now(),
+		stopper: stopper{
+			rd:   nc,
+			done: make(chan struct{}),
+		},
 		local:  newLimiter(s.maxInFlightPerConn(), s.maxBytesPerConn()),
 		res:    newReserve(),
 		remote: remoteName(nc),
@@ -142,53 +140,16 @@ func (c *conn) serve() {
 	c.log.Log(context.Background(), level, "nbd: connection closed", attrs...)
 }
 
-// shutdownDrain is how long a stopping connection keeps reading requests (or options) the
-// client had already sent, to answer them with ESHUTDOWN (NBD_REP_ERR_SHUTDOWN) instead
-// of closing on them unread (which a client sees as a reset, losing replies it was owed).
-const shutdownDrain = 250 * time.Millisecond
-
 // stop asks a connection to end gracefully: in transmission, requests in flight finish
 // and are answered, requests still arriving get ESHUTDOWN; in the handshake, options get
 // NBD_REP_ERR_SHUTDOWN. After shutdownDrain the reader stops.
-func (c *conn) stop() {
-	c.dlMu.Lock()
-	c.stopping.Store(true)
-	c.stopAt = time.Now().Add(orDefault(c.s.drainTime, shutdownDrain))
-	c.nc.SetReadDeadline(c.stopAt)
-	c.dlMu.Unlock()
-	c.closeDone()
-}
-
-// setReadDeadline sets the read deadline, but never past a stopping connection's end.
-func (c *conn) setReadDeadline(t time.Time) {
-	c.dlMu.Lock()
-	defer c.dlMu.Unlock()
-	if c.stopping.Load() && (t.IsZero() || t.After(c.stopAt)) {
-		t = c.stopAt
-	}
-	c.nc.SetReadDeadline(t)
-}
-
-// stopUnread asks a connection to end for a handover: requests in flight finish and are
-// answered, and requests still arriving are left unanswered, for the client to send again
-// to the server that takes over.
-func (c *conn) stopUnread() {
-	c.unread.Store(true)
-	c.dlMu.Lock()
-	c.stopping.Store(true)
-	c.stopAt = time.Now()
-	c.nc.SetReadDeadline(c.stopAt)
-	c.dlMu.Unlock()
-	c.closeDone()
-}
+func (c *conn) stop() { c.stopAfter(orDefault(c.s.drainTime, shutdownDrain)) }
 
 // abort ends the connection at once.
 func (c *conn) abort() {
 	c.closeDone()
 	c.nc.Close()
 }
-
-func (c *conn) closeDone() { c.doneOnce.Do(func() { close(c.done) }) }
 
 // transmit runs the transmission phase: it reads requests until the client leaves, the
 // protocol breaks or the server stops (here, or in the goroutines it hands the reading on
