@@ -46,14 +46,7 @@ type conn struct {
 	out      replyWriter
 	wrote    atomic.Bool // a write-type request ran, so a final flush is due
 
-	requests, failed atomic.Uint64
-	// slowest is the longest a request waited for its reply, in nanoseconds: from its
-	// arrival (a WRITE's, once its payload is in) to its last reply's write, or to its
-	// joining a gathering (replyWriter), which is written within gatherBound. The
-	// connection's closing line gives it, so that a client that timed a request out can
-	// be told apart from a server that was slow to answer it. (The reader's refusals,
-	// answered at once, are not counted.)
-	slowest atomic.Int64
+	tally // what the closing line reports of the requests
 
 	inliner // running requests in the reader: inline.go
 }
@@ -70,7 +63,7 @@ type request struct {
 	fromReserve bool          // the server's budget came from the connection's reserve
 	streamed    bool          // served in pieces: see stream.go
 	gathers     bool          // counted in out.busy until its reply: see replyWriter
-	arrived     time.Duration // since the connection's start: see conn.slowest
+	arrived     time.Duration // since the connection's start: see tally.slowest
 	buf         *[]byte
 }
 
@@ -514,10 +507,25 @@ func (c *conn) worker() {
 	}
 }
 
-// answered records how long req waited for its replies (conn.slowest).
-func (c *conn) answered(req *request) {
-	took := int64(time.Since(c.start) - req.arrived)
-	for old := c.slowest.Load(); took > old && !c.slowest.CompareAndSwap(old, took); old = c.slowest.Load() {
+// answered records how long req waited for its replies (tally.slowest).
+func (c *conn) answered(req *request) { c.tally.waited(time.Since(c.start) - req.arrived) }
+
+// tally counts a connection's requests, for its closing line.
+type tally struct {
+	requests, failed atomic.Uint64
+	// slowest is the longest a request waited for its reply, in nanoseconds: from its
+	// arrival (a WRITE's, once its payload is in) to its last reply's write, or to its
+	// joining a gathering (replyWriter), which is written within gatherBound. The
+	// connection's closing line gives it, so that a client that timed a request out can
+	// be told apart from a server that was slow to answer it. (The reader's refusals,
+	// answered at once, are not counted.)
+	slowest atomic.Int64
+}
+
+// waited records that a request waited d for its replies.
+func (t *tally) waited(d time.Duration) {
+	took := int64(d)
+	for old := t.slowest.Load(); took > old && !t.slowest.CompareAndSwap(old, took); old = t.slowest.Load() {
 	}
 }
 
