@@ -32,52 +32,23 @@ type conn struct {
 	remote string // for the log
 	source string // the peer's IP address for MaxConnsPerSource; "" on a unix socket
 
-	// Negotiated in the handshake.
-	fixed      bool // the client speaks fixed newstyle
-	tlsUp      bool
-	structured bool
-	extended   bool   // NBD_OPT_EXTENDED_HEADERS: 32-byte requests and replies
-	metaID     uint32 // base:allocation's context ID once selected, else 0
-	metaExport string // the export NBD_OPT_SET_META_CONTEXT named
-	exp        *export
-	optBuf     []byte
+	negotiated // in the handshake; read-only in transmission
 
 	inTransmission bool // guarded by s.mu
 	evicted        bool // guarded by s.mu
 
 	local    *limiter
-	res      *reserve      // this connection's share of s.global
-	done     chan struct{} // closed to make a reader waiting for budget give up
-	doneOnce sync.Once
-	stopping atomic.Bool
-	unread   atomic.Bool // handing over: leave requests not yet started unanswered
-	dlMu     sync.Mutex  // orders read deadline changes against stop
-	stopAt   time.Time   // guarded by dlMu: when a stopping connection stops reading
+	res      *reserve // this connection's share of s.global
+	stopper           // stop.go
 	work     chan *request
 	nworkers int
 	workers  sync.WaitGroup
 	out      replyWriter
 	wrote    atomic.Bool // a write-type request ran, so a final flush is due
 
-	requests, failed atomic.Uint64
-	// slowest is the longest a request waited for its reply, in nanoseconds: from its
-	// arrival (a WRITE's, once its payload is in) to its last reply's write, or to its
-	// joining a gathering (replyWriter), which is written within gatherBound. The
-	// connection's closing line gives it, so that a client that timed a request out can
-	// be told apart from a server that was slow to answer it. (The reader's refusals,
-	// answered at once, are not counted.)
-	slowest atomic.Int64
+	tally // what the closing line reports of the requests
 
-	// Running requests in the reader (inline.go). inlined and handedOn count requests
-	// run so and hand-ons, for tests; per connection, so that no cache line is shared
-	// between connections on the request path.
-	inlined, handedOn atomic.Uint64
-	inlining          atomic.Int32 // inlineNone, inlineRunning or inlineHandedOn
-	inlineOff         int          // the reader's: eligible requests to hand to workers still
-	handOn            *time.Timer  // hands reading on when an inline request runs long
-	watching          atomic.Bool  // handOn is armed
-	inlineStart       atomic.Int64 // when the reader's inline request started, since start
-	readEnd           chan readEnd // the reason the last reader ended, after hand-ons
+	inliner // running requests in the reader: inline.go
 }
 
 // request is one transmission-phase request; its buf holds the WRITE payload or the READ
@@ -92,7 +63,7 @@ type request struct {
 	fromReserve bool          // the server's budget came from the connection's reserve
 	streamed    bool          // served in pieces: see stream.go
 	gathers     bool          // counted in out.busy until its reply: see replyWriter
-	arrived     time.Duration // since the connection's start: see conn.slowest
+	arrived     time.Duration // since the connection's start: see tally.slowest
 	buf         *[]byte
 }
 
@@ -100,11 +71,14 @@ var requestPool = sync.Pool{New: func() any { return new(request) }}
 
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{
-		s:      s,
-		nc:     nc,
-		rw:     newRawConn(nc),
-		start:  time.Now(),
-		done:   make(chan struct{}),
+		s:     s,
+		nc:    nc,
+		rw:    newRawConn(nc),
+		start: time.Now(),
+		stopper: stopper{
+			rd:   nc,
+			done: make(chan struct{}),
+		},
 		local:  newLimiter(s.maxInFlightPerConn(), s.maxBytesPerConn()),
 		res:    newReserve(),
 		remote: remoteName(nc),
@@ -159,53 +133,16 @@ func (c *conn) serve() {
 	c.log.Log(context.Background(), level, "nbd: connection closed", attrs...)
 }
 
-// shutdownDrain is how long a stopping connection keeps reading requests (or options) the
-// client had already sent, to answer them with ESHUTDOWN (NBD_REP_ERR_SHUTDOWN) instead
-// of closing on them unread (which a client sees as a reset, losing replies it was owed).
-const shutdownDrain = 250 * time.Millisecond
-
 // stop asks a connection to end gracefully: in transmission, requests in flight finish
 // and are answered, requests still arriving get ESHUTDOWN; in the handshake, options get
 // NBD_REP_ERR_SHUTDOWN. After shutdownDrain the reader stops.
-func (c *conn) stop() {
-	c.dlMu.Lock()
-	c.stopping.Store(true)
-	c.stopAt = time.Now().Add(orDefault(c.s.drainTime, shutdownDrain))
-	c.nc.SetReadDeadline(c.stopAt)
-	c.dlMu.Unlock()
-	c.closeDone()
-}
-
-// setReadDeadline sets the read deadline, but never past a stopping connection's end.
-func (c *conn) setReadDeadline(t time.Time) {
-	c.dlMu.Lock()
-	defer c.dlMu.Unlock()
-	if c.stopping.Load() && (t.IsZero() || t.After(c.stopAt)) {
-		t = c.stopAt
-	}
-	c.nc.SetReadDeadline(t)
-}
-
-// stopUnread asks a connection to end for a handover: requests in flight finish and are
-// answered, and requests still arriving are left unanswered, for the client to send again
-// to the server that takes over.
-func (c *conn) stopUnread() {
-	c.unread.Store(true)
-	c.dlMu.Lock()
-	c.stopping.Store(true)
-	c.stopAt = time.Now()
-	c.nc.SetReadDeadline(c.stopAt)
-	c.dlMu.Unlock()
-	c.closeDone()
-}
+func (c *conn) stop() { c.stopAfter(orDefault(c.s.drainTime, shutdownDrain)) }
 
 // abort ends the connection at once.
 func (c *conn) abort() {
 	c.closeDone()
 	c.nc.Close()
 }
-
-func (c *conn) closeDone() { c.doneOnce.Do(func() { close(c.done) }) }
 
 // transmit runs the transmission phase: it reads requests until the client leaves, the
 // protocol breaks or the server stops (here, or in the goroutines it hands the reading on
@@ -215,9 +152,7 @@ func (c *conn) transmit() (string, slog.Level) {
 	c.out.w = c.rw
 	c.work = make(chan *request)
 	br := bufio.NewReaderSize(c.rw, readBufSize)
-	c.readEnd = make(chan readEnd, 1)
-	c.handOn = time.AfterFunc(time.Hour, func() { c.checkInline(br) })
-	c.handOn.Stop()
+	c.inliner.setup(orDefault(c.s.handOnAfter, handOnAfter), func() { c.checkInline(br) })
 	reason, level, handedOn := c.readLoop(br)
 	if handedOn {
 		end := <-c.readEnd
@@ -456,21 +391,21 @@ func (c *conn) readFailure(err error, betweenRequests bool) (string, slog.Level)
 	return "read error: " + err.Error(), slog.LevelWarn
 }
 
-// check validates a request against the export before any backend work, returning an NBD
-// error value and a message, or 0. The rules are proto.md's "Request types", "Block size
-// constraints" and "Error values".
-func (c *conn) check(r *request) (uint32, string) {
-	x := c.exp
+// check validates a request against the export and what was negotiated before any
+// backend work, returning an NBD error value and a message, or 0. The rules are proto.md's
+// "Request types", "Block size constraints" and "Error values".
+func (n *negotiated) check(r *request) (uint32, string) {
+	x := n.exp
 	allowed := uint16(nbdproto.CmdFlagFUA) // valid on every command (proto.md "Command flags")
 	write := false
 	switch r.typ {
 	case nbdproto.CmdRead:
-		if c.structured {
+		if n.structured {
 			allowed |= nbdproto.CmdFlagDF
 		}
 	case nbdproto.CmdWrite:
 		write = true
-		if c.extended {
+		if n.extended {
 			if r.flags&nbdproto.CmdFlagPayloadLen == 0 {
 				// proto.md: with extended headers NBD_CMD_WRITE MUST use the flag.
 				return nbdproto.EInval, "NBD_CMD_WRITE with extended headers must set NBD_CMD_FLAG_PAYLOAD_LEN"
@@ -484,7 +419,7 @@ func (c *conn) check(r *request) (uint32, string) {
 		allowed |= nbdproto.CmdFlagNoHole | nbdproto.CmdFlagFastZero
 	case nbdproto.CmdFlush, nbdproto.CmdCache:
 	case nbdproto.CmdBlockStatus:
-		if c.metaID == 0 {
+		if n.metaID == 0 {
 			return nbdproto.EInval, "NBD_CMD_BLOCK_STATUS needs a metadata context: select base:allocation with NBD_OPT_SET_META_CONTEXT"
 		}
 		allowed |= nbdproto.CmdFlagReqOne
@@ -572,10 +507,25 @@ func (c *conn) worker() {
 	}
 }
 
-// answered records how long req waited for its replies (conn.slowest).
-func (c *conn) answered(req *request) {
-	took := int64(time.Since(c.start) - req.arrived)
-	for old := c.slowest.Load(); took > old && !c.slowest.CompareAndSwap(old, took); old = c.slowest.Load() {
+// answered records how long req waited for its replies (tally.slowest).
+func (c *conn) answered(req *request) { c.tally.waited(time.Since(c.start) - req.arrived) }
+
+// tally counts a connection's requests, for its closing line.
+type tally struct {
+	requests, failed atomic.Uint64
+	// slowest is the longest a request waited for its reply, in nanoseconds: from its
+	// arrival (a WRITE's, once its payload is in) to its last reply's write, or to its
+	// joining a gathering (replyWriter), which is written within gatherBound. The
+	// connection's closing line gives it, so that a client that timed a request out can
+	// be told apart from a server that was slow to answer it. (The reader's refusals,
+	// answered at once, are not counted.)
+	slowest atomic.Int64
+}
+
+// waited records that a request waited d for its replies.
+func (t *tally) waited(d time.Duration) {
+	took := int64(d)
+	for old := t.slowest.Load(); took > old && !t.slowest.CompareAndSwap(old, took); old = t.slowest.Load() {
 	}
 }
 

@@ -24,6 +24,69 @@ func protoErrorf(format string, args ...any) error {
 
 var errClientAbort = errors.New("client sent NBD_OPT_ABORT")
 
+// negotiated is what the handshake settles: the client's dialect, the formats of requests
+// and replies, the metadata context and the export. Transmission reads it and never
+// changes it.
+type negotiated struct {
+	fixed      bool // the client speaks fixed newstyle
+	tlsUp      bool
+	structured bool
+	extended   bool   // NBD_OPT_EXTENDED_HEADERS: 32-byte requests and replies
+	metaID     uint32 // base:allocation's context ID once selected, else 0
+	metaExport string // the export NBD_OPT_SET_META_CONTEXT named
+	exp        *export
+	optBuf     []byte // option data, reused from option to option; nil in transmission
+}
+
+// optData is room for an option's n bytes of data (at most maxOptionData).
+func (n *negotiated) optData(length uint32) []byte {
+	if cap(n.optBuf) < int(length) {
+		n.optBuf = make([]byte, length, maxOptionData)
+	}
+	return n.optBuf[:length]
+}
+
+// useStructured turns on structured replies (NBD_OPT_STRUCTURED_REPLY), or returns the
+// error reply that refuses them.
+func (n *negotiated) useStructured() (uint32, string) {
+	if n.extended {
+		return nbdproto.RepErrExtHeaderReqd, "extended headers are already in use"
+	}
+	n.structured = true
+	return 0, ""
+}
+
+// useExtended turns on extended headers (NBD_OPT_EXTENDED_HEADERS), or returns the error
+// reply that refuses them.
+func (n *negotiated) useExtended() (uint32, string) {
+	if n.extended {
+		return nbdproto.RepErrInvalid, "extended headers are already in use"
+	}
+	// Extended headers imply structured replies (proto.md "Extended headers").
+	n.extended, n.structured = true, true
+	return 0, ""
+}
+
+// tlsStarted records the TLS upgrade and drops the rest, as proto.md requires ("the
+// server MUST NOT preserve any negotiation state").
+func (n *negotiated) tlsStarted() {
+	n.tlsUp = true
+	n.structured, n.extended, n.metaID, n.metaExport = false, false, 0, ""
+}
+
+// selectMeta records the metadata context NBD_OPT_SET_META_CONTEXT selected for the export
+// named name: id, or none if id is 0.
+func (n *negotiated) selectMeta(id uint32, name string) { n.metaID, n.metaExport = id, name }
+
+// useExport records the export chosen for transmission, and drops a context selected for
+// another export: its ID means nothing there (proto.md "NBD_OPT_SET_META_CONTEXT").
+func (n *negotiated) useExport(x *export) {
+	n.exp = x
+	if n.metaID != 0 && n.metaExport != x.Name {
+		n.selectMeta(0, "")
+	}
+}
+
 // handshake runs the fixed newstyle negotiation (proto.md "Fixed newstyle negotiation") up
 // to the transmission phase; on success c.exp is the chosen export. It holds at most
 // maxOptionData bytes of option data, and the whole of it is bounded by the handshake
@@ -90,10 +153,7 @@ func (c *conn) handshake() error {
 			}
 			continue
 		}
-		if cap(c.optBuf) < int(length) {
-			c.optBuf = make([]byte, length, maxOptionData)
-		}
-		data := c.optBuf[:length]
+		data := c.optData(length)
 		if _, err := io.ReadFull(c.rw, data); err != nil {
 			return fmt.Errorf("read option data: %w", err)
 		}
@@ -151,23 +211,20 @@ func (c *conn) option(opt uint32, data []byte, noZeroes bool) (done bool, err er
 	case nbdproto.OptInfo, nbdproto.OptGo:
 		return c.infoGo(opt, data)
 	case nbdproto.OptStructuredReply:
-		switch {
-		case len(data) != 0:
+		if len(data) != 0 {
 			return false, c.optError(opt, nbdproto.RepErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
-		case c.extended:
-			return false, c.optError(opt, nbdproto.RepErrExtHeaderReqd, "extended headers are already in use")
 		}
-		c.structured = true
+		if typ, msg := c.useStructured(); typ != 0 {
+			return false, c.optError(opt, typ, msg)
+		}
 		return false, c.optReply(opt, nbdproto.RepAck, nil)
 	case nbdproto.OptExtendedHeaders:
-		switch {
-		case len(data) != 0:
+		if len(data) != 0 {
 			return false, c.optError(opt, nbdproto.RepErrInvalid, "NBD_OPT_EXTENDED_HEADERS takes no data")
-		case c.extended:
-			return false, c.optError(opt, nbdproto.RepErrInvalid, "extended headers are already in use")
 		}
-		// Extended headers imply structured replies (proto.md "Extended headers").
-		c.extended, c.structured = true, true
+		if typ, msg := c.useExtended(); typ != 0 {
+			return false, c.optError(opt, typ, msg)
+		}
 		return false, c.optReply(opt, nbdproto.RepAck, nil)
 	case nbdproto.OptListMetaContext, nbdproto.OptSetMetaContext:
 		return false, c.metaContext(opt, data)
@@ -191,8 +248,7 @@ func (c *conn) exportName(name []byte, noZeroes bool) error {
 	if !c.s.enterTransmission(c) {
 		return errors.New("NBD_OPT_EXPORT_NAME while the server is shutting down")
 	}
-	c.exp = x
-	c.checkMetaExport()
+	c.useExport(x)
 	b := make([]byte, 10, 10+nbdproto.ExportNameReplyZeroes)
 	binary.BigEndian.PutUint64(b[0:], uint64(x.size))
 	binary.BigEndian.PutUint16(b[8:], x.flags(c.structured))
@@ -270,8 +326,7 @@ func (c *conn) infoGo(opt uint32, data []byte) (bool, error) {
 		return false, err
 	}
 	if opt == nbdproto.OptGo {
-		c.exp = x
-		c.checkMetaExport()
+		c.useExport(x)
 		return true, nil
 	}
 	return false, nil
@@ -283,8 +338,7 @@ func infoString(typ uint16, s string) []byte {
 	return append(b, s...)
 }
 
-// startTLS answers NBD_OPT_STARTTLS and upgrades the connection. Negotiated state is
-// dropped, as proto.md requires ("the server MUST NOT preserve any negotiation state").
+// startTLS answers NBD_OPT_STARTTLS and upgrades the connection.
 func (c *conn) startTLS(data []byte) error {
 	const opt = nbdproto.OptStartTLS
 	switch {
@@ -304,8 +358,7 @@ func (c *conn) startTLS(data []byte) error {
 		return &protocolError{"TLS handshake failed: " + err.Error()}
 	}
 	c.rw = tc
-	c.tlsUp = true
-	c.structured, c.extended, c.metaID, c.metaExport = false, false, 0, ""
+	c.tlsStarted()
 	return nil
 }
 
@@ -320,7 +373,7 @@ func (c *conn) metaContext(opt uint32, data []byte) error {
 	set := opt == nbdproto.OptSetMetaContext
 	if set {
 		// A new selection replaces the old one, even if it fails.
-		c.metaID, c.metaExport = 0, ""
+		c.selectMeta(0, "")
 		if !c.structured {
 			return c.optError(opt, nbdproto.RepErrInvalid, "NBD_OPT_SET_META_CONTEXT needs structured replies or extended headers first")
 		}
@@ -365,7 +418,7 @@ func (c *conn) metaContext(opt uint32, data []byte) error {
 		var id uint32 // LIST replies carry no ID (proto.md: the server SHOULD send 0)
 		if set {
 			id = baseAllocationID
-			c.metaID, c.metaExport = id, name
+			c.selectMeta(id, name)
 		}
 		p := binary.BigEndian.AppendUint32(nil, id)
 		if err := c.optReply(opt, nbdproto.RepMetaContext, append(p, nbdproto.MetaBaseAllocation...)); err != nil {
@@ -373,14 +426,6 @@ func (c *conn) metaContext(opt uint32, data []byte) error {
 		}
 	}
 	return c.optReply(opt, nbdproto.RepAck, nil)
-}
-
-// checkMetaExport drops a context selected for another export than the one chosen: its
-// ID means nothing there (proto.md "NBD_OPT_SET_META_CONTEXT").
-func (c *conn) checkMetaExport() {
-	if c.metaID != 0 && c.metaExport != c.exp.Name {
-		c.metaID, c.metaExport = 0, ""
-	}
 }
 
 func (c *conn) optError(opt, typ uint32, msg string) error {

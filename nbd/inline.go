@@ -3,6 +3,7 @@ package nbd
 import (
 	"bufio"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/elidisk/eli/internal/nbdproto"
@@ -43,7 +44,22 @@ const (
 	inlineBackoff = 64
 )
 
-// States of conn.inlining.
+// inliner is a connection's state for running requests in the reader.
+type inliner struct {
+	// inlined and handedOn count requests run so and hand-ons, for tests; per
+	// connection, so that no cache line is shared between connections on the request
+	// path.
+	inlined, handedOn atomic.Uint64
+	inlining          atomic.Int32  // inlineNone, inlineRunning or inlineHandedOn
+	off               int           // the reader's: eligible requests to hand to workers still
+	after             time.Duration // handOnAfter
+	handOn            *time.Timer   // hands reading on when an inline request runs long
+	watching          atomic.Bool   // handOn is armed
+	started           atomic.Int64  // when the reader's inline request started, since the connection's start
+	readEnd           chan readEnd  // the reason the last reader ended, after hand-ons
+}
+
+// States of inliner.inlining.
 const (
 	inlineNone     = iota // the reader is reading
 	inlineRunning         // the reader is running a request
@@ -56,68 +72,99 @@ type readEnd struct {
 	level  slog.Level
 }
 
+// setup prepares for the transmission phase: after is handOnAfter, check runs when the
+// handOn timer fires.
+func (in *inliner) setup(after time.Duration, check func()) {
+	in.after = after
+	in.readEnd = make(chan readEnd, 1)
+	in.handOn = time.AfterFunc(time.Hour, check)
+	in.handOn.Stop()
+}
+
 // inlineOK reports whether the reader should run req itself: a FLUSH, or a READ or WRITE
 // of at most inlineMax bytes, with no other request of the connection in flight and no
 // further bytes received.
 func (c *conn) inlineOK(req *request, br *bufio.Reader) bool {
+	return c.inliner.eligible(req) && br.Buffered() == 0 && c.local.held() == 1 // req's own slot
+}
+
+// eligible reports whether req is a FLUSH, or a READ or WRITE of at most inlineMax bytes,
+// and the reader is not backing off after a hand-on.
+func (in *inliner) eligible(req *request) bool {
 	if (req.typ != nbdproto.CmdRead && req.typ != nbdproto.CmdWrite && req.typ != nbdproto.CmdFlush) || req.length > inlineMax {
 		return false
 	}
-	if c.inlineOff > 0 {
-		c.inlineOff--
+	if in.off > 0 {
+		in.off--
 		return false
 	}
-	return br.Buffered() == 0 && c.local.held() == 1 // req's own slot
+	return true
 }
 
 // runInline runs req in the reader. It reports whether this goroutine is still the
 // reader: false if the request ran long and the reading was handed on meanwhile.
 func (c *conn) runInline(req *request) bool {
-	c.inlined.Add(1)
-	c.inlineStart.Store(int64(time.Since(c.start)))
-	c.inlining.Store(inlineRunning)
-	c.watch()
+	c.inliner.begin(time.Since(c.start))
+	c.inliner.watch()
 	c.handle(req)
-	if c.inlining.CompareAndSwap(inlineRunning, inlineNone) {
+	if c.inliner.end() {
 		return true
 	}
 	c.workers.Done() // takeOverReading counted this goroutine as a worker
 	return false
 }
 
+// begin marks the start of an inline request at now, since the connection's start.
+func (in *inliner) begin(now time.Duration) {
+	in.inlined.Add(1)
+	in.started.Store(int64(now))
+	in.inlining.Store(inlineRunning)
+}
+
+// end marks the end of an inline request. It reports false if the reading was handed on
+// meanwhile.
+func (in *inliner) end() bool { return in.inlining.CompareAndSwap(inlineRunning, inlineNone) }
+
 // watch arms the handOn timer unless it is armed already. One timer serves a stream of
 // inline requests, firing about once per handOnAfter while they last: arming and
 // stopping a timer for every request costs more than the hand-off it saves, since an
 // idle thread then wakes for the stopped timer.
-func (c *conn) watch() {
-	if !c.watching.Load() && c.watching.CompareAndSwap(false, true) {
-		c.handOn.Reset(c.handOnAfter())
+func (in *inliner) watch() {
+	if !in.watching.Load() && in.watching.CompareAndSwap(false, true) {
+		in.handOn.Reset(in.after)
 	}
 }
 
-func (c *conn) handOnAfter() time.Duration { return orDefault(c.s.handOnAfter, handOnAfter) }
-
-// checkInline runs in the handOn timer's goroutine. If the reader's inline request has
-// run for handOnAfter, this goroutine takes the reading over; if it is younger, the timer
-// is armed again for the rest; if the reader runs none, the watch ends until the next.
+// checkInline runs in the handOn timer's goroutine, and takes the reading over if the
+// reader's inline request has run for handOnAfter.
 func (c *conn) checkInline(br *bufio.Reader) {
-	if c.inlining.Load() == inlineRunning {
-		ran := time.Since(c.start) - time.Duration(c.inlineStart.Load())
-		if ran < c.handOnAfter() {
-			c.handOn.Reset(c.handOnAfter() - ran)
-			return
+	if c.inliner.handOnDue(c.start) {
+		c.takeOverReading(br)
+	}
+}
+
+// handOnDue reports whether the reader's inline request has run for handOnAfter, for a
+// connection that started at start; it is then marked handed on. If the request is
+// younger, the timer is armed again for the rest; if the reader runs none, the watch ends
+// until the next.
+func (in *inliner) handOnDue(start time.Time) bool {
+	if in.inlining.Load() == inlineRunning {
+		ran := time.Since(start) - time.Duration(in.started.Load())
+		if ran < in.after {
+			in.handOn.Reset(in.after - ran)
+			return false
 		}
-		if c.inlining.CompareAndSwap(inlineRunning, inlineHandedOn) {
-			c.watching.Store(false)
-			c.takeOverReading(br)
-			return
+		if in.inlining.CompareAndSwap(inlineRunning, inlineHandedOn) {
+			in.watching.Store(false)
+			return true
 		}
 	}
-	c.watching.Store(false)
+	in.watching.Store(false)
 	// A request that started after the load above found the watch still on.
-	if c.inlining.Load() == inlineRunning {
-		c.watch()
+	if in.inlining.Load() == inlineRunning {
+		in.watch()
 	}
+	return false
 }
 
 // takeOverReading makes this goroutine the reader, and the goroutine left with the inline
@@ -127,10 +174,10 @@ func (c *conn) takeOverReading(br *bufio.Reader) {
 	// for, before this one can end the reading. (Its request holds its slot in c.local
 	// until it ends, so no request runs inline meanwhile.)
 	c.workers.Add(1)
-	c.handedOn.Add(1)
-	c.inlineOff = inlineBackoff
+	c.inliner.handedOn.Add(1)
+	c.inliner.off = inlineBackoff
 	reason, level, handedOn := c.readLoop(br)
 	if !handedOn {
-		c.readEnd <- readEnd{reason, level}
+		c.inliner.readEnd <- readEnd{reason, level}
 	}
 }
