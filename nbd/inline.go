@@ -103,15 +103,18 @@ func (in *inliner) eligible(req *request) bool {
 
 // runInline runs req in the reader. It reports whether this goroutine is still the
 // reader: false if the request ran long and the reading was handed on meanwhile.
+//
+// The request counts as a worker from its start, for a reader that takes over to wait
+// for at the connection's end: counted by the taker instead, after its takeover, it could
+// end (and be uncounted) before it was counted, taking the count below zero.
 func (c *conn) runInline(req *request) bool {
+	c.workers.Add(1)
 	c.inliner.begin(time.Since(c.start))
 	c.inliner.watch()
 	c.handle(req)
-	if c.inliner.end() {
-		return true
-	}
-	c.workers.Done() // takeOverReading counted this goroutine as a worker
-	return false
+	reader := c.inliner.end()
+	c.workers.Done()
+	return reader
 }
 
 // begin marks the start of an inline request at now, since the connection's start.
@@ -170,10 +173,12 @@ func (in *inliner) handOnDue(start time.Time) bool {
 // takeOverReading makes this goroutine the reader, and the goroutine left with the inline
 // request a worker that ends with it.
 func (c *conn) takeOverReading(br *bufio.Reader) {
-	// The goroutine left with the request is counted as a worker, for transmit to wait
-	// for, before this one can end the reading. (Its request holds its slot in c.local
-	// until it ends, so no request runs inline meanwhile.)
-	c.workers.Add(1)
+	if h := c.s.onTakeOver; h != nil {
+		h()
+	}
+	// The goroutine left with the request counts as a worker (runInline), for transmit
+	// to wait for. (Its request holds its slot in c.local until it ends, so no request
+	// runs inline meanwhile.)
 	c.inliner.handedOn.Add(1)
 	c.inliner.off = inlineBackoff
 	reason, level, handedOn := c.readLoop(br)

@@ -124,3 +124,42 @@ func inlineCounts(s *Server) (n struct{ inlined, handedOn uint64 }) {
 	}
 	return n
 }
+
+// TestHandOnRacesRequestEnd: the inline request that was handed on ends before the
+// goroutine that took the reading over has done anything. The connection must count the
+// request's goroutine as a worker all the same: before, the taker counted it only after
+// its takeover, and the request's end, coming first, took the connection's worker count
+// below zero, a panic that ended the whole server.
+func TestHandOnRacesRequestEnd(t *testing.T) {
+	t.Parallel()
+	mem := newMem(1 << 20)
+	release := blockReadAt0(mem)
+	s := oneExportServer(mem, nil)
+	s.handOnAfter = time.Millisecond
+	ended := make(chan struct{})
+	s.onTakeOver = func() {
+		close(release)
+		// The blocked read finishes and its goroutine sees the hand-on, before the
+		// taker goes on; its reply is the sign.
+		<-ended
+	}
+	path := serveUnix(t, s)
+	rc, _ := mustConnect(t, path, true)
+	rc.send(nbdproto.CmdRead, 0, 1, 0, 4096, nil)
+	r, err := rc.readReply()
+	if err != nil || r.handle != 1 || r.err != 0 {
+		t.Fatalf("the read handed on: %+v %v", r, err)
+	}
+	time.Sleep(20 * time.Millisecond) // the request's goroutine past its end
+	close(ended)
+	for i := range 3 {
+		if r := rc.roundTrip(t, nbdproto.CmdWrite, 0, 8192, 4096, pattern(4096, byte(i))); r.err != 0 {
+			t.Fatalf("write after the hand-on: error %d", r.err)
+		}
+	}
+	if got := inlineCounts(s).handedOn; got != 1 {
+		t.Errorf("%d hand-ons, want 1", got)
+	}
+	rc.send(nbdproto.CmdDisc, 0, 9, 0, 0, nil)
+	rc.expectClosed(t)
+}

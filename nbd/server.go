@@ -107,6 +107,9 @@ type Server struct {
 	drainTime time.Duration
 	// handOnAfter overrides the constant of that name (inline.go), for tests.
 	handOnAfter time.Duration
+	// onTakeOver, if set, runs when a goroutine has taken the reading over from a reader
+	// whose inline request ran long, before it does anything else (tests).
+	onTakeOver func()
 	// gatherBound overrides the constant of that name (reply.go), for tests.
 	gatherBound time.Duration
 
