@@ -85,14 +85,6 @@ func (v *Volume) Status() Status {
 	s := Status{
 		Mode:             v.Mode().String(),
 		State:            StateServing,
-		Reads:            v.reads.Load(),
-		Writes:           v.writes.Load(),
-		WriteZeroes:      v.zeroes.Load(),
-		Trims:            v.trims.Load(),
-		Flushes:          v.flushes.Load(),
-		Caches:           v.caches.Load(),
-		BytesRead:        v.bytesRead.Load(),
-		BytesWritten:     v.bytesWritten.Load(),
 		AuthFailures:     st.AuthFailures,
 		Commits:          st.Commits,
 		Journal:          r.Journal,
@@ -111,14 +103,8 @@ func (v *Volume) Status() Status {
 	if ok, since := v.dev.Suspended(); ok {
 		s.State, s.SuspendedSince, s.Held = StateSuspended, since, v.dev.Held()
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.failed != nil {
-		s.State, s.Error = StateFailed, v.failed.Error()
-	}
-	if v.lastErr != nil {
-		s.LastError, s.LastErrorAt = v.lastErr.Error(), v.lastTime
-	}
+	v.ops.fill(&s)
+	v.faults.fill(&s)
 	return s
 }
 

@@ -74,14 +74,8 @@ type Volume struct {
 	// change codecs and prev; it is taken before reMu.
 	keyMu sync.Mutex
 
-	reads, writes, zeroes, trims, flushes, caches atomic.Uint64
-	bytesRead, bytesWritten                       atomic.Uint64
-
-	mu       sync.Mutex
-	failed   error // the first provider failure of a write or flush; sticky
-	lastErr  error
-	lastTime time.Time
-	changed  chan struct{} // kicked when failed is first set
+	ops    counters
+	faults faults
 
 	fenced    func() error            // a remote provider's Fenced (Fencer), or nil
 	health    func() nbdclient.Health // a remote provider's Health, or nil
@@ -204,7 +198,7 @@ func Open(p provider.Provider, mk *keys.MasterKey, opts Options) (*Volume, error
 		}
 		return nil, err
 	}
-	v := &Volume{dev: dev, p: p, codecs: []sector.Codec{codec}, prev: prev, ro: opts.ReadOnly, changed: make(chan struct{}, 1), wit: wit, log: log,
+	v := &Volume{dev: dev, p: p, codecs: []sector.Codec{codec}, prev: prev, ro: opts.ReadOnly, faults: newFaults(), wit: wit, log: log,
 		fmtv: int(max(l.Version, layout.Version1)), onetime: opts.Onetime != nil}
 	v.setMode(mode)
 	if hdr != nil {
@@ -347,14 +341,10 @@ func (v *Volume) SectorSize() int { return v.dev.SectorSize() }
 func (v *Volume) Recovery() blockdev.Recovery { return v.dev.Recovery() }
 
 // Changed is kicked when the volume fails, for a watcher of its Status to look at once.
-func (v *Volume) Changed() <-chan struct{} { return v.changed }
+func (v *Volume) Changed() <-chan struct{} { return v.faults.changed }
 
 // Err is the provider failure that stopped the volume, or nil.
-func (v *Volume) Err() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.failed
-}
+func (v *Volume) Err() error { return v.faults.err() }
 
 // The nbd.Backend side. Flags and errors cross the seam here, and only here: nbd and
 // blockdev each define their own, and nothing but this file knows that they correspond.
@@ -418,26 +408,12 @@ func (v *Volume) note(err error, write bool) error {
 	if err == nil {
 		return nil
 	}
-	v.mu.Lock()
-	v.lastErr, v.lastTime = err, time.Now()
-	v.mu.Unlock()
 	if write && !clientErr(err) {
-		v.fail(err)
+		v.faults.fail(err)
+	} else {
+		v.faults.last(err)
 	}
 	return nbdErr(err)
-}
-
-func (v *Volume) fail(err error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.lastErr, v.lastTime = err, time.Now()
-	if v.failed == nil {
-		v.failed = err
-		select {
-		case v.changed <- struct{}{}:
-		default:
-		}
-	}
 }
 
 func (v *Volume) Size() int64 { return v.dev.Size() }
@@ -448,17 +424,17 @@ func (v *Volume) checkFence() error {
 		return nil
 	}
 	if err := v.fenced(); err != nil {
-		v.fail(err)
+		v.faults.fail(err)
 		return err
 	}
 	return nil
 }
 
 func (v *Volume) ReadAt(p []byte, off int64) error {
-	v.reads.Add(1)
+	v.ops.reads.Add(1)
 	err := v.dev.ReadAt(p, off)
 	if err == nil {
-		v.bytesRead.Add(uint64(len(p)))
+		v.ops.bytesRead.Add(uint64(len(p)))
 	}
 	return v.note(err, false)
 }
@@ -477,7 +453,7 @@ func (v *Volume) WriteKeep(p []byte, off int64, f nbd.Flags, done func()) error 
 
 // write is WriteAt, or with done WriteKeep.
 func (v *Volume) write(p []byte, off int64, f nbd.Flags, done func()) error {
-	v.writes.Add(1)
+	v.ops.writes.Add(1)
 	if err := v.checkFence(); err != nil {
 		if done != nil {
 			done()
@@ -491,13 +467,13 @@ func (v *Volume) write(p []byte, off int64, f nbd.Flags, done func()) error {
 		err = v.dev.WriteAt(p, off, devFlags(f)|v.fua)
 	}
 	if err == nil {
-		v.bytesWritten.Add(uint64(len(p)))
+		v.ops.bytesWritten.Add(uint64(len(p)))
 	}
 	return v.note(err, true)
 }
 
 func (v *Volume) WriteZeroes(off, n int64, f nbd.Flags) error {
-	v.zeroes.Add(1)
+	v.ops.zeroes.Add(1)
 	if err := v.checkFence(); err != nil {
 		return err
 	}
@@ -509,7 +485,7 @@ func (v *Volume) WriteZeroes(off, n int64, f nbd.Flags) error {
 }
 
 func (v *Volume) Trim(off, n int64, f nbd.Flags) error {
-	v.trims.Add(1)
+	v.ops.trims.Add(1)
 	if err := v.checkFence(); err != nil {
 		return err
 	}
@@ -517,7 +493,7 @@ func (v *Volume) Trim(off, n int64, f nbd.Flags) error {
 }
 
 func (v *Volume) Flush() error {
-	v.flushes.Add(1)
+	v.ops.flushes.Add(1)
 	if err := v.checkFence(); err != nil {
 		return err
 	}
@@ -544,6 +520,6 @@ func (v *Volume) BlockStatus(off, n int64) ([]nbd.Extent, error) {
 }
 
 func (v *Volume) Cache(off, n int64) error {
-	v.caches.Add(1)
+	v.ops.caches.Add(1)
 	return v.note(v.dev.Cache(off, n), false)
 }
