@@ -67,8 +67,9 @@ type Export struct {
 	ReadOnly    bool
 	// Block sizes advertised with NBD_INFO_BLOCK_SIZE. Zero values take defaults:
 	// minimum 1, preferred 4096, maximum 32 MiB. The server enforces them: a request
-	// not aligned to MinBlock, or a READ/WRITE/CACHE longer than MaxBlock, fails with
-	// EINVAL before the backend sees it. For eli, MinBlock and PreferredBlock are the
+	// not aligned to MinBlock, or a READ or WRITE longer than MaxBlock, fails with
+	// EINVAL before the backend sees it (a CACHE, which moves no payload, is bounded by
+	// the export's size alone). For eli, MinBlock and PreferredBlock are the
 	// volume's sector size.
 	MinBlock, PreferredBlock, MaxBlock uint32
 	// MultiConn advertises NBD_FLAG_CAN_MULTI_CONN: the backend's Flush covers writes

@@ -177,8 +177,10 @@ func (c *conn) takeOverReading(br *bufio.Reader) {
 		h()
 	}
 	// The goroutine left with the request counts as a worker (runInline), for transmit
-	// to wait for. (Its request holds its slot in c.local until it ends, so no request
-	// runs inline meanwhile.)
+	// to wait for. Its request gives its slot in c.local back just before it ends, so
+	// this reader may start an inline request in between; the old goroutine's end then
+	// finds the state running again and takes the reading back, and there is still one
+	// reader at a time, the one the state names.
 	c.inliner.handedOn.Add(1)
 	c.inliner.off = inlineBackoff
 	reason, level, handedOn := c.readLoop(br)
