@@ -242,10 +242,7 @@ func (a *authEngine) suspend() error {
 	if err := a.flush(); err != nil {
 		return err
 	}
-	a.commits.hold()
-	err := a.commits.markCompleted()
-	a.commits.release()
-	if err != nil {
+	if err := a.commits.markCompletedNow(); err != nil {
 		return err
 	}
 	a.fresh.report()

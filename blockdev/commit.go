@@ -314,6 +314,24 @@ func (c *committer) markCompleted() error {
 	return nil
 }
 
+// markCompletedNow is markCompleted for the device's own steps, outside the committer's
+// jobs (a suspend, the end of a re-encryption's sweep), with the committer held. A
+// failure stops the device as a failed commit does (runLocked): the slot's generation is
+// taken and the slot may be torn on the provider, so in version 2 the next journal write
+// would go over the other slot, the only one that holds the current root, and a crash
+// during it would leave no slot that opens (TestFailedEmptySlotStopsWrites).
+func (c *committer) markCompletedNow() error {
+	c.hold()
+	err := c.markCompleted()
+	c.release()
+	if err != nil {
+		c.b.mu.Lock()
+		c.failLocked(c.b.committed, err)
+		c.b.mu.Unlock()
+	}
+	return err
+}
+
 // timedSync is sync for the commit path (and recovery), adding its duration to syncTime.
 func (c *committer) timedSync() error {
 	start := time.Now()

@@ -12,8 +12,10 @@ import (
 // metaCache keeps metadata blocks in memory, bounded by a number of blocks, least recently
 // used first out. It is write-through: a commit writes a block to the provider from
 // the cached copy, so every entry is clean except while a commit has it pinned, and only
-// unpinned entries are evicted. Memory therefore depends on the bound, never on the
-// provider's size.
+// unpinned clean entries are evicted. Memory therefore depends on the bound, never on the
+// provider's size. A commit that fails leaves its round's blocks patched and unwritten:
+// they stay (at most a round's, half the bound), since the provider holds an older
+// version of each, which in version 2 the tree, holding their new digests, refuses.
 //
 // Who changes a block: only the commit under way (patch, under mu; commits run one at a
 // time), for sectors of its batch; readers take records of sectors in no batch (records, under mu). Loads
@@ -149,7 +151,7 @@ func (c *metaCache) unpin(b *mblock) {
 func (c *metaCache) evictLocked() {
 	for b := c.lru.prev; c.n > c.max && b != &c.lru; {
 		prev := b.prev
-		if b.pins == 0 {
+		if b.pins == 0 && b.whi == 0 {
 			c.unlink(b)
 			delete(c.blocks, b.g)
 			c.n--

@@ -370,9 +370,7 @@ func (a *authEngine) finishSweep() error {
 	if err := a.flush(); err != nil {
 		return err
 	}
-	a.commits.hold()
-	defer a.commits.release()
-	if err := a.commits.markCompleted(); err != nil {
+	if err := a.commits.markCompletedNow(); err != nil {
 		return fmt.Errorf("seal the journal under the new key: %w", err)
 	}
 	return nil

@@ -531,3 +531,91 @@ func TestSuspendWaitsForSweepEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// tornJournal is a provider whose next write into the journal region, once armed, lands
+// in part and fails; it counts the journal writes that reach it after that one.
+type tornJournal struct {
+	*memProvider
+	lo, hi int64
+	armed  atomic.Bool
+	failed atomic.Bool
+	after  atomic.Int64
+}
+
+var errTornJournal = errors.New("journal write failed part-way (test)")
+
+func (p *tornJournal) WriteAt(b []byte, off int64) (int, error) {
+	if off >= p.lo && off < p.hi {
+		if p.armed.CompareAndSwap(true, false) {
+			p.failed.Store(true)
+			n, _ := p.memProvider.WriteAt(b[:len(b)/2], off)
+			return n, errTornJournal
+		}
+		if p.failed.Load() {
+			p.after.Add(1)
+		}
+	}
+	return p.memProvider.WriteAt(b, off)
+}
+
+// TestFailedEmptySlotStopsWrites: the empty journal slot that a suspend leaves, and the
+// one that ends a re-encryption's sweep, fail part-way: the device then stops its writes
+// as after any failed commit, reads on, and writes nothing more into the journal. In
+// format version 2 a device that wrote on would put its next slot over the other one,
+// the only one that holds the current root, and a crash during that write would leave
+// no slot that opens: the volume then no longer attaches, flushed writes and all.
+func TestFailedEmptySlotStopsWrites(t *testing.T) {
+	t.Parallel()
+	for _, version := range []uint32{0, layout.Version2} {
+		for _, step := range []string{"suspend", "sweep-end"} {
+			t.Run(fmt.Sprintf("version=%d/%s", version, step), func(t *testing.T) {
+				t.Parallel()
+				const s = 4096
+				v := newTestVolVersion(t, version, sector.ModeXChaCha20Poly1305, s, 300)
+				p := &tornJournal{memProvider: v.mem, lo: v.l.JournalOffset(), hi: v.l.JournalOffset() + v.l.JournalLen}
+				d, err := Open(p, v.cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := bytes.Repeat([]byte{0xa5}, 8*s)
+				if err := d.WriteAt(want, 0, FUA); err != nil {
+					t.Fatal(err)
+				}
+				if step == "sweep-end" {
+					if err := d.StartReencrypt(codecWithKey(t, sector.ModeXChaCha20Poly1305, s, testDataKey2), testJournalKey2, 1); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := d.Sweep(v.l.Sectors); err != nil {
+						t.Fatal(err)
+					}
+					if err := d.Flush(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				p.armed.Store(true)
+				if step == "suspend" {
+					err = d.Suspend(context.Background())
+				} else {
+					err = d.FinishSweep()
+				}
+				if !errors.Is(err, errTornJournal) {
+					t.Fatalf("%s with a journal write that fails: %v, want the provider's error", step, err)
+				}
+				if ok, _ := d.Suspended(); ok {
+					t.Fatal("suspended after a suspend that failed")
+				}
+				if err := d.WriteAt(make([]byte, s), 8*s, 0); !errors.Is(err, errTornJournal) {
+					t.Errorf("a write after the failed journal write: %v, want the provider's error", err)
+				}
+				got := make([]byte, len(want))
+				if err := d.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+					t.Errorf("a read after the failed journal write: %v, equal %v", err, bytes.Equal(got, want))
+				}
+				d.Close()
+				if n := p.after.Load(); n > 0 {
+					t.Errorf("%d journal writes reached the provider after the one that failed", n)
+				}
+			})
+		}
+	}
+}
