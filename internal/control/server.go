@@ -279,7 +279,9 @@ func readRequest(c net.Conn) (*request, *keys.Secret, error) {
 	}
 	r := &request{Request: Request{Op: h.Op, Args: h.Args}, timeout: DefaultCallTimeout}
 	if h.TimeoutMS > 0 {
-		r.timeout = min(time.Duration(h.TimeoutMS)*time.Millisecond, MaxCallTimeout)
+		// Bounded before it is multiplied: a product past int64 wraps to a deadline
+		// that has passed.
+		r.timeout = time.Duration(min(h.TimeoutMS, MaxCallTimeout.Milliseconds())) * time.Millisecond
 	}
 	var sec *keys.Secret
 	if h.Secret > 0 {
