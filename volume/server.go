@@ -127,9 +127,15 @@ type Server struct {
 	// over unanswered), so that the next attach re-plugs it while it stays mounted.
 	keepDevice atomic.Bool
 	// kdev keeps the kernel device's sockets, whose send timeout a suspend raises
-	// (suspend.go); susMu orders Suspend and Resume.
-	kdev  kernelDevice
-	susMu sync.Mutex
+	// (suspend.go); susMu orders Suspend, Resume and the start of Shutdown, which
+	// disconnects the device and closes kdev: stopping says it has begun (under susMu).
+	// stopped ends at Shutdown, and with it a Suspend under way, so that Shutdown need
+	// not wait for the suspend's deadline.
+	kdev     kernelDevice
+	susMu    sync.Mutex
+	stopping bool
+	stopped  context.Context
+	stop     context.CancelFunc
 	// The clients of each NBD server, for AutoDetach: idle is closed once they were
 	// more than none and are none again.
 	clientsMu sync.Mutex
@@ -173,6 +179,7 @@ func Listen(cfg *Config, log *slog.Logger) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, log: log, errc: make(chan error, 2), devIndex: -1, idle: make(chan struct{})}
+	s.stopped, s.stop = context.WithCancel(context.Background())
 	ul, err := nbd.ListenUnix(cfg.Socket)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Socket, err)
@@ -404,10 +411,17 @@ func (s *Server) Wait(ctx context.Context) error {
 // ESHUTDOWN (they were never acknowledged), or, when the kernel device is kept for the
 // next server (KeepDevice), left unanswered: the kernel sends them again to the server
 // that re-plugs it.
+//
+// A Suspend under way gives up (ErrStopping) and Shutdown waits for it to return; a
+// Suspend or a Resume from then on is refused with ErrStopping.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if d, ok := ctx.Deadline(); ok && s.vol != nil && s.vol.deadliner != nil {
 		s.vol.deadliner.SetDeadline(d)
 	}
+	s.stop()
+	s.susMu.Lock()
+	s.stopping = true
+	s.susMu.Unlock()
 	if s.vol != nil && !s.closed {
 		if ok, _ := s.vol.Suspended(); ok {
 			if s.keepDevice.Load() {

@@ -143,13 +143,30 @@ const kernelDrainPoll = 10 * time.Millisecond
 // device has had no request in flight once, so that every request the kernel started
 // under the old timeout has its reply (a request keeps the timeout it started with:
 // nbdkernel/timeout.go), and only then holds requests. If ctx ends first, or anything
-// fails, the timeouts are put back and the volume serves on.
+// fails, the timeouts are put back and the volume serves on. Shutdown ends a suspend
+// under way, and refuses one after it, with ErrStopping.
 func (s *Server) Suspend(ctx context.Context) error {
 	s.susMu.Lock()
 	defer s.susMu.Unlock()
+	if s.stopping {
+		return ErrStopping
+	}
 	if s.vol == nil {
 		return errors.New("the server serves no volume")
 	}
+	// Shutdown ends the suspend, which holds it up (susMu) as it waits for requests.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.stopped, cancel)()
+	err := s.suspend(ctx)
+	if err != nil && s.stopped.Err() != nil {
+		return fmt.Errorf("%w: %w", ErrStopping, err)
+	}
+	return err
+}
+
+// suspend is Suspend under susMu, ctx ending at Shutdown too.
+func (s *Server) suspend(ctx context.Context) error {
 	if ok, _ := s.vol.Suspended(); ok {
 		return blockdev.ErrSuspended
 	}
@@ -207,10 +224,14 @@ func (s *Server) drainKernel(ctx context.Context) error {
 var inFlight = nbdkernel.InFlight
 
 // Resume resumes the suspended volume with mk (Volume.Resume), then puts the kernel
-// device's timeouts back. On an error the volume stays suspended.
+// device's timeouts back. On an error the volume stays suspended. Once Shutdown has
+// begun it is refused with ErrStopping: the held requests fail as the volume closes.
 func (s *Server) Resume(mk *keys.MasterKey) error {
 	s.susMu.Lock()
 	defer s.susMu.Unlock()
+	if s.stopping {
+		return ErrStopping
+	}
 	if s.vol == nil {
 		return errors.New("the server serves no volume")
 	}

@@ -172,3 +172,53 @@ func unlockTestVolume(t *testing.T, path string) *keys.MasterKey {
 	t.Cleanup(mk.Wipe)
 	return mk
 }
+
+// TestSuspendDuringShutdown: a suspend that waits for the kernel device to drain when
+// the server is told to stop (eli suspend and eli detach at once) gives up at once,
+// without touching the device or its sockets, which the shutdown disconnects and closes;
+// a suspend or a resume after it is refused. The race detector watches the device's
+// fields, which the suspend read while the shutdown cleared them.
+func TestSuspendDuringShutdown(t *testing.T) {
+	var calls []int
+	srv := kernelTestServer(t, &calls)
+	kd := &fakeKernelDevice{}
+	srv.kdev = kd
+	polled := make(chan struct{}, 1)
+	old := inFlight
+	inFlight = func(idx int) (int, error) {
+		select {
+		case polled <- struct{}{}:
+		default:
+		}
+		if idx < 0 {
+			return 0, fmt.Errorf("/dev/nbd%d: no such device", idx) // as nbdkernel.InFlight says
+		}
+		return 1, nil // never drains
+	}
+	t.Cleanup(func() { inFlight = old })
+	suspended := make(chan error, 1)
+	go func() { suspended <- srv.Suspend(context.Background()) }()
+	<-polled
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	select {
+	case err := <-suspended:
+		if !errors.Is(err, ErrStopping) {
+			t.Errorf("a suspend cut short by Shutdown: %v, want ErrStopping", err)
+		}
+	case <-time.After(20 * time.Second): // a hang guard
+		t.Fatal("a suspend under way went on after Shutdown returned")
+	}
+	if len(calls) != 1 {
+		t.Errorf("disconnects %v, want one", calls)
+	}
+	if err := srv.Suspend(context.Background()); !errors.Is(err, ErrStopping) {
+		t.Errorf("a suspend after Shutdown: %v, want ErrStopping", err)
+	}
+	if err := srv.Resume(unlockTestVolume(t, srv.cfg.Provider)); !errors.Is(err, ErrStopping) {
+		t.Errorf("a resume after Shutdown: %v, want ErrStopping", err)
+	}
+}

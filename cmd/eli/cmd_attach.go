@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -556,7 +557,15 @@ func spawnServer(sd daemon.StateDir, cfg *daemon.Setup, in volume.Inherited, loc
 		}
 	}
 	child.ExtraFiles = []*os.File{provFile, lock.File(), setupR, readyW, idFile}
-	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// Until the server has written its pid into the name's lock, the lock names this
+	// process, and 'eli detach' signals it: the server dies with this process for that
+	// while (it lets go of Pdeathsig then), or a detach, a Ctrl-C or a supervisor's stop
+	// of an attach still starting would end the attach alone and leave its server
+	// serving, holding the name. The signal follows the thread that started the child,
+	// which must not end meanwhile.
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	child.Env = append(os.Environ(), "ELI_STATE_DIR="+sd.Path)
 	if err := child.Start(); err != nil {
 		return nil, fmt.Errorf("start server: %w", err)
@@ -650,6 +659,12 @@ func runBackgroundServer(g *globalOptions) error {
 		log = slog.New(slog.NewTextHandler(daemon.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
 	}
 	nameLock := sd.NameLockFromFile(lockf, cfg.Name) // names this process as the holder
+	// From now on 'eli detach' signals this process: it outlives the attach that
+	// started it (spawnServer).
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, 0, 0, 0, 0); err != nil {
+		mk.Wipe()
+		return fail(fmt.Errorf("outlive the attach: %w", err))
+	}
 	access := volume.ReadWrite
 	if cfg.ReadOnly {
 		access = volume.ReadOnly

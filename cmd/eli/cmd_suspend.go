@@ -106,6 +106,8 @@ func suspend(sd daemon.StateDir, rec *daemon.Record, timeout time.Duration) erro
 		return fmt.Errorf("%s: its server (pid %d) does not answer suspend (started by an older eli, or not running): %w", rec.Name, rec.Pid, err)
 	case errors.Is(err, control.ErrTimeout):
 		return fmt.Errorf("%s: the requests in flight did not finish within --timeout %v, so nothing was suspended; the volume serves on: %w", rec.Name, timeout, err)
+	case errors.Is(err, &control.Error{Code: daemon.CodeStopping}):
+		return err
 	}
 	return fmt.Errorf("%s was not suspended and serves on: %w", rec.Name, err)
 }
@@ -198,6 +200,8 @@ func resume(sd daemon.StateDir, rec *daemon.Record, creds credFlags, slot int) e
 			rec.Provider, rec.Name, err)
 	case errors.Is(err, &control.Error{Code: daemon.CodeNotSuspended}):
 		return fmt.Errorf("%s is not suspended (resumed meanwhile?)", rec.Name)
+	case errors.Is(err, &control.Error{Code: daemon.CodeStopping}):
+		return err
 	}
 	return fmt.Errorf("%s stays suspended: %w", rec.Name, err)
 }

@@ -4,8 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -108,4 +112,119 @@ func TestStatusAndCleanDetach(t *testing.T) {
 		t.Errorf("status file after detach: %v", err)
 	}
 	e.FailsCode(1, "is not attached", "status", "st.img")
+}
+
+// TestDetachOfStartingServer: while the background server starts, until it has written
+// its pid into the name's lock, the lock names the attach that started it, and 'eli
+// detach' signals that process. Killed so, the attach must not leave its server behind,
+// serving a volume that nobody was told of and holding the name against the detach that
+// asked for it ('detach --force' then said the server survived SIGKILL). The test stops
+// the server in that moment, once attach has handed it its setup, kills the attach as
+// detach does, and lets the server go on.
+func TestDetachOfStartingServer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	img := e.initVolume("s.img", "16M")
+	sd := daemon.StateDir{Path: e.State}
+	for attempt := 1; ; attempt++ {
+		if attempt > 50 {
+			t.Fatal("never caught the server before it took its name's lock over")
+		}
+		cmd := e.Command("attach", "--passphrase-file", e.Pass, img)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		parent := cmd.Process.Pid
+		child, caught := catchStartingServer(t, sd, "s.img", parent)
+		if !caught {
+			// Too late: the server holds the name by its own pid. Start again.
+			if child != 0 {
+				syscall.Kill(child, syscall.SIGCONT)
+			}
+			cmd.Wait()
+			e.OK("detach", "--force", "s.img")
+			continue
+		}
+		syscall.Kill(parent, syscall.SIGTERM) // what detach sends the pid in the lock
+		cmd.Wait()
+		syscall.Kill(child, syscall.SIGCONT)
+		deadline := time.Now().Add(time.Minute) // a hang guard
+		for daemon.ProcessRuns(child) || sd.Alive("s.img") {
+			if _, err := sd.ReadRecord("s.img"); err == nil {
+				e.OK("detach", "--force", "s.img")
+				t.Fatalf("attempt %d: the server (pid %d) of an attach killed while it started serves on", attempt, child)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("attempt %d: the server (pid %d) of an attach killed while it started still runs", attempt, child)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Logf("caught the server at attempt %d", attempt)
+		break
+	}
+	if out := e.OK("list").Stdout; strings.Contains(out, "s.img") {
+		t.Errorf("list after the attach was killed:\n%s", out)
+	}
+	e.attach(img)
+	e.OK("detach", "s.img")
+}
+
+// catchStartingServer waits for the background server that attach process parent
+// starts and stops it (SIGSTOP) at once; caught reports whether that was while the
+// name's lock still named parent, after parent had written the server's setup and
+// closed its end of the pipe.
+func catchStartingServer(t *testing.T, sd daemon.StateDir, name string, parent int) (child int, caught bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); child == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("attach started no server")
+		}
+		child = childOf(parent)
+	}
+	syscall.Kill(child, syscall.SIGSTOP)
+	if b, _ := os.ReadFile(sd.File(name, ".lock")); strings.TrimSpace(string(b)) != strconv.Itoa(parent) {
+		return child, false
+	}
+	// The setup pipe is the server's descriptor 5 (fdSetup); attach closes its end once
+	// it has written the setup.
+	setup, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", child, fdSetup))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("attach never wrote the server's setup")
+		}
+		held := false
+		fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", parent))
+		for _, fd := range fds {
+			if l, _ := os.Readlink(fd); l == setup {
+				held = true
+			}
+		}
+		if !held {
+			return child, true
+		}
+	}
+}
+
+// childOf is a process whose parent is pid and that runs eli's background server, or 0.
+func childOf(pid int) int {
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		stat, err := os.ReadFile(d + "/stat")
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(stat), ')')
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(pid) {
+			continue
+		}
+		if args, _ := os.ReadFile(d + "/cmdline"); strings.Contains(string(args), "__serve") {
+			n, _ := strconv.Atoi(filepath.Base(d))
+			return n
+		}
+	}
+	return 0
 }

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -465,6 +466,30 @@ func TestConcurrentCalls(t *testing.T) {
 	for err := range errs {
 		if err != nil {
 			t.Error(err)
+		}
+	}
+}
+
+// TestHugeTimeout: a caller's timeout is bounded before it is turned into a duration: one
+// of centuries (a raw client's, or one whose clock is off) gives the handler
+// MaxCallTimeout, not a deadline that an overflow put in the past.
+func TestHugeTimeout(t *testing.T) {
+	t.Parallel()
+	s := serve(t)
+	s.Register("left", func(ctx context.Context, req *Request) (any, error) {
+		d, ok := ctx.Deadline()
+		if !ok {
+			return nil, errors.New("no deadline")
+		}
+		return time.Until(d), ctx.Err()
+	})
+	for _, ms := range []int64{1 << 62, 10_000_000_000_000, 9_223_372_036_854_776} {
+		got, err := rawCall(t, s.Path(), rawRequest(fmt.Sprintf(`{"v":1,"op":"left","timeout_ms":%d}`, ms), 0))
+		var r struct {
+			Result time.Duration `json:"result"`
+		}
+		if err != nil || json.Unmarshal([]byte(got), &r) != nil || r.Result < MaxCallTimeout-time.Minute || r.Result > MaxCallTimeout {
+			t.Errorf("timeout_ms %d: %s, %v; want about %v left", ms, got, err, MaxCallTimeout)
 		}
 	}
 }

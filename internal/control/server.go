@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/elidisk/eli/keys"
@@ -115,8 +116,12 @@ func (s *Server) handler(op string) Handler {
 	return s.handlers[op]
 }
 
-// Serve answers connections until Close; it returns nil then, or why accepting failed.
+// Serve answers connections until Close; it returns nil then, or why accepting failed
+// for good. A failure that passes (out of file descriptors, of memory) is waited out:
+// the socket stays bound, and a server that gave up would leave every later call, a
+// resume among them, waiting on it for nothing.
 func (s *Server) Serve() error {
+	var backoff time.Duration
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
@@ -125,18 +130,36 @@ func (s *Server) Serve() error {
 				return nil
 			default:
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if !transientAcceptError(err) {
+				return fmt.Errorf("control socket: %w", err)
 			}
-			return fmt.Errorf("control socket: %w", err)
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("control: accept failed, retrying", "err", err, "retry_in", backoff)
+			select {
+			case <-s.closed:
+				return nil
+			case <-time.After(backoff):
+			}
+			continue
 		}
+		backoff = 0
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			s.serveConn(c.(*net.UnixConn))
 		}()
 	}
+}
+
+// transientAcceptError reports whether an Accept that failed with err may succeed later.
+func transientAcceptError(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
+		errors.Is(err, syscall.ECONNABORTED)
 }
 
 // Close stops accepting, ends the handlers' contexts and waits for them to return,
@@ -256,7 +279,9 @@ func readRequest(c net.Conn) (*request, *keys.Secret, error) {
 	}
 	r := &request{Request: Request{Op: h.Op, Args: h.Args}, timeout: DefaultCallTimeout}
 	if h.TimeoutMS > 0 {
-		r.timeout = min(time.Duration(h.TimeoutMS)*time.Millisecond, MaxCallTimeout)
+		// Bounded before it is multiplied: a product past int64 wraps to a deadline
+		// that has passed.
+		r.timeout = time.Duration(min(h.TimeoutMS, MaxCallTimeout.Milliseconds())) * time.Millisecond
 	}
 	var sec *keys.Secret
 	if h.Secret > 0 {

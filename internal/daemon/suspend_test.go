@@ -179,3 +179,105 @@ func TestRunSuspendResume(t *testing.T) {
 		})
 	}
 }
+
+// stallingProvider holds its first Sync after it is armed until release is closed: a
+// flush in flight, which a stopping server waits for.
+type stallingProvider struct {
+	*provider.File
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *stallingProvider) Sync() error {
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.entered)
+		<-s.release
+	}
+	return s.File.Sync()
+}
+
+// TestSuspendWhileStopping: a suspend that comes while the server stops (eli suspend
+// beside eli detach) is refused at once as such, and the server stops as it would have
+// without it, losing nothing.
+func TestSuspendWhileStopping(t *testing.T) {
+	t.Parallel()
+	path, _, mk := elitest.Volume(t, t.TempDir(), 8<<20, sector.Default)
+	defer mk.Wipe()
+	f, err := provider.Open(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := &stallingProvider{File: f, entered: make(chan struct{}), release: make(chan struct{})}
+	sd := StateDir{Path: shortDir(t)}
+	name := "s"
+	cfg := &Setup{Config: volume.Config{Name: name, Provider: path, Socket: sd.File(name, ".sock"), VolumeID: mk.VolumeID()}}
+	cancel, done := startRun(t, sd, cfg, p, elitest.CopyKey(t, mk))
+	c, err := nbdclient.Dial("unix", cfg.Socket, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data := bytes.Repeat([]byte{0x5a}, 4096)
+	if err := c.WriteAt(data, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	p.armed.Store(true)
+	flushed := make(chan error, 1)
+	go func() { flushed <- c.Flush() }()
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(p.release)
+		}
+	}
+	defer release()
+	select {
+	case <-p.entered:
+	case <-time.After(time.Minute): // a hang guard
+		t.Fatal("the flush never reached the provider")
+	}
+	cancel() // eli detach: the server waits for the flush in flight
+	// Its NBD socket goes once its shutdown has begun.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		c, err := nbdclient.Dial("unix", cfg.Socket, "")
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the server still takes NBD clients after it was told to stop")
+		}
+	}
+	if st := liveStatus(t, sd, name); st.State != volume.StateStopping {
+		t.Errorf("state while the server stops: %s", st.State)
+	}
+	ctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	if err := control.Call(ctx, sd.ControlSocket(name), OpSuspend, nil, nil, nil); !errors.Is(err, &control.Error{Code: CodeStopping}) {
+		t.Errorf("a suspend while the server stops: %v, want %s", err, CodeStopping)
+	}
+	release()
+	if err := <-flushed; err != nil {
+		t.Errorf("the flush in flight as the server stopped: %v", err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(time.Minute): // a hang guard
+		t.Fatal("the server did not stop")
+	}
+	v, err := volume.Open(f, elitest.CopyKey(t, mk), volume.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	got := make([]byte, len(data))
+	if err := v.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("the write flushed as the server stopped: %v, equal %v", err, bytes.Equal(got, data))
+	}
+}

@@ -26,6 +26,7 @@ const (
 	CodeNotSuspended control.Code = "not-suspended" // resume of a volume that serves
 	CodeWrongKey     control.Code = "wrong-key"     // the key is not the volume's: it stays suspended
 	CodeOnetime      control.Code = "onetime"       // a onetime volume cannot be suspended
+	CodeStopping     control.Code = "stopping"      // the server is stopping: nothing is suspended or resumed
 )
 
 // registerSuspendOps makes ctl answer suspend and resume for srv.
@@ -39,6 +40,8 @@ func registerSuspendOps(ctl *control.Server, srv *volume.Server, cfg *volume.Con
 			return nil, control.Errorf(CodeSuspended, "%s is suspended already", cfg.Name)
 		case errors.Is(err, volume.ErrOnetime):
 			return nil, control.Errorf(CodeOnetime, "%s: %v", cfg.Name, err)
+		case errors.Is(err, volume.ErrStopping):
+			return nil, control.Errorf(CodeStopping, "%s is being detached: not suspended", cfg.Name)
 		case err != nil:
 			return nil, err
 		}
@@ -55,6 +58,9 @@ func registerSuspendOps(ctl *control.Server, srv *volume.Server, cfg *volume.Con
 		switch {
 		case errors.Is(err, blockdev.ErrNotSuspended):
 			return nil, control.Errorf(CodeNotSuspended, "%s is not suspended", cfg.Name)
+		case errors.Is(err, volume.ErrStopping):
+			return nil, control.Errorf(CodeStopping, "%s is being detached: the requests it holds fail; "+
+				"every write acknowledged before the suspend is on the provider", cfg.Name)
 		case errors.Is(err, keys.ErrWrongKey) || errors.Is(err, keys.ErrHeaderTampered):
 			// A master key of this volume ID that is not the volume's fails the
 			// header's MAC, as a changed header does: either way it is not the key.
