@@ -8,8 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/elidisk/eli/internal/acceptretry"
 )
 
 // Defaults for Server's limits.
@@ -207,24 +208,22 @@ func (s *Server) Serve(l net.Listener) error {
 		s.mu.Unlock()
 	}()
 
-	var backoff time.Duration
+	var backoff acceptretry.Backoff
 	for {
 		nc, err := l.Accept()
 		if err != nil {
 			if s.closing() {
 				return ErrServerClosed
 			}
-			if !transientAcceptError(err) {
+			if !acceptretry.Transient(err) {
 				return fmt.Errorf("nbd: accept on %s: %w", l.Addr(), err)
 			}
-			// Out of file descriptors and the like: wait, as net/http does, rather
-			// than spin or give up.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.log.Warn("nbd: accept failed, retrying", "listener", l.Addr().String(), "err", err, "retry_in", backoff)
-			time.Sleep(backoff)
+			wait := backoff.Next()
+			s.log.Warn("nbd: accept failed, retrying", "listener", l.Addr().String(), "err", err, "retry_in", wait)
+			time.Sleep(wait)
 			continue
 		}
-		backoff = 0
+		backoff.Reset()
 		s.mu.Lock()
 		if s.shutdown {
 			s.mu.Unlock()
@@ -315,16 +314,6 @@ func (s *Server) evictionVictimLocked() *conn {
 		}
 	}
 	return v
-}
-
-func transientAcceptError(err error) bool {
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return true
-	}
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
-		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
-		errors.Is(err, syscall.ECONNABORTED)
 }
 
 func (s *Server) closing() bool {

@@ -11,9 +11,9 @@ import (
 	"net"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/elidisk/eli/internal/acceptretry"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/nbd"
 	"golang.org/x/sys/unix"
@@ -121,7 +121,7 @@ func (s *Server) handler(op string) Handler {
 // the socket stays bound, and a server that gave up would leave every later call, a
 // resume among them, waiting on it for nothing.
 func (s *Server) Serve() error {
-	var backoff time.Duration
+	var backoff acceptretry.Backoff
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
@@ -130,36 +130,25 @@ func (s *Server) Serve() error {
 				return nil
 			default:
 			}
-			if !transientAcceptError(err) {
+			if !acceptretry.Transient(err) {
 				return fmt.Errorf("control socket: %w", err)
 			}
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.log.Warn("control: accept failed, retrying", "err", err, "retry_in", backoff)
+			wait := backoff.Next()
+			s.log.Warn("control: accept failed, retrying", "err", err, "retry_in", wait)
 			select {
 			case <-s.closed:
 				return nil
-			case <-time.After(backoff):
+			case <-time.After(wait):
 			}
 			continue
 		}
-		backoff = 0
+		backoff.Reset()
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			s.serveConn(c.(*net.UnixConn))
 		}()
 	}
-}
-
-// transientAcceptError reports whether an Accept that failed with err may succeed later.
-func transientAcceptError(err error) bool {
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return true
-	}
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
-		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
-		errors.Is(err, syscall.ECONNABORTED)
 }
 
 // Close stops accepting, ends the handlers' contexts and waits for them to return,
