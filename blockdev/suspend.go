@@ -197,24 +197,22 @@ func (d *Device) Suspend(ctx context.Context) error {
 	return nil
 }
 
-// lockWithin takes the gate exclusively, or fails when ctx ends first; a Lock that is
-// still waiting then gives the gate back as soon as it gets it.
+// lockWithin takes the gate exclusively, or fails when ctx ends first. It tries rather
+// than waits: a Lock left waiting after ctx ended would hold back every new request
+// (readers queue behind a waiting writer) until the requests in flight ended, which is
+// just what a suspend that gave up must not do. New requests are held meanwhile
+// (hold.start), so only those in flight keep the gate shared, and they end.
 func (d *Device) lockWithin(ctx context.Context) error {
-	got := make(chan struct{})
-	go func() {
-		d.gate.Lock()
-		close(got)
-	}()
-	select {
-	case <-got:
-		return nil
-	case <-ctx.Done():
-		go func() {
-			<-got
-			d.gate.Unlock()
-		}()
-		return ctx.Err()
+	wait := 50 * time.Microsecond
+	for !d.gate.TryLock() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Millisecond)
 	}
+	return nil
 }
 
 // Resume installs k, which must be the keys the device was suspended with (the mode it

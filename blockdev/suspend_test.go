@@ -356,8 +356,8 @@ func (b *blockingSync) Sync() error {
 }
 
 // TestSuspendGivesUp: a request in flight that does not finish before Suspend's context
-// ends fails the suspend, and the device serves on with its keys; what came meanwhile
-// was held and then served.
+// ends fails the suspend, and the device serves on with its keys, while that request is
+// still stuck; what came meanwhile was held and then served.
 func TestSuspendGivesUp(t *testing.T) {
 	t.Parallel()
 	v := newTestVol(t, sector.ModeAESXTS256, 512, 100)
@@ -367,6 +367,9 @@ func TestSuspendGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(bp.release) }) }
+	defer release() // before Close, which waits for the stuck flush
 	flushed := make(chan error, 1)
 	go func() { flushed <- d.Flush() }()
 	<-bp.entered
@@ -383,12 +386,23 @@ func TestSuspendGivesUp(t *testing.T) {
 	if err := <-suspended; !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Suspend with a request stuck in flight: %v", err)
 	}
-	close(bp.release)
+	// The device serves on at once, beside the request still stuck: a suspend that gave
+	// up leaves nothing waiting for the gate (before, its Lock still waited, and held
+	// every new request back until the stuck one ended).
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatalf("a read that came during the failed suspend: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a read that came during the failed suspend waits for the request still stuck")
+	}
+	if err := d.ReadAt(make([]byte, 512), 512); err != nil {
+		t.Fatalf("a read after the failed suspend: %v", err)
+	}
+	release()
 	if err := <-flushed; err != nil {
 		t.Fatal(err)
-	}
-	if err := <-read; err != nil {
-		t.Fatalf("a read that came during the failed suspend: %v", err)
 	}
 	if ok, _ := d.Suspended(); ok {
 		t.Fatal("suspended after a suspend that failed")
