@@ -369,3 +369,45 @@ func TestSweeperPacing(t *testing.T) {
 		t.Fatalf("after the end: %+v", st)
 	}
 }
+
+// TestSweeperRateRaised: a sweep resting under a very low MaxRate goes on as soon as
+// SetMaxRate lifts the bound, rather than resting out what the old bound asked.
+func TestSweeperRateRaised(t *testing.T) {
+	t.Parallel()
+	tc := reencCase{"xchacha-v1", 0, sector.ModeXChaCha20Poly1305, sector.ModeXChaCha20Poly1305, 4096, 512}
+	l, mem := tc.volume(t)
+	d, err := Open(mem, Config{Layout: l, Codec: codecWithKey(t, tc.from, tc.s, testDataKey), JournalKey: testJournalKey, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.StartReencrypt(codecWithKey(t, tc.to, tc.s, testDataKey2), testJournalKey2, 1); err != nil {
+		t.Fatal(err)
+	}
+	stepped := make(chan struct{}, 1)
+	cfg := SweeperConfig{StepBytes: 256 << 10, MaxRate: 1, // a day's rest after each step
+		OnProgress: func(ReencryptStatus) {
+			select {
+			case stepped <- struct{}{}:
+			default:
+			}
+		}}
+	sw := NewSweeper(d, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- sw.Run(ctx) }()
+	<-stepped
+	sw.SetMaxRate(0)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sweep still rests out its old bound after SetMaxRate(0)")
+	}
+	if st := d.Reencryption(); st.Active {
+		t.Fatalf("re-encryption after the sweep: %+v", st)
+	}
+}

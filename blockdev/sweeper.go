@@ -64,7 +64,8 @@ type Sweeper struct {
 
 	cpMu sync.Mutex // one checkpoint at a time: Run's, or Checkpoint's
 
-	maxRate atomic.Int64 // SweeperConfig.MaxRate, which SetMaxRate changes
+	maxRate     atomic.Int64  // SweeperConfig.MaxRate, which SetMaxRate changes
+	rateChanged chan struct{} // kicked by SetMaxRate: a rest under way is measured again
 }
 
 // NewSweeper makes a sweeper for d, which must hold a re-encryption (Config.Reencrypt at
@@ -82,7 +83,7 @@ func NewSweeper(d *Device, cfg SweeperConfig) *Sweeper {
 	if cfg.CheckpointInterval <= 0 {
 		cfg.CheckpointInterval = DefaultCheckpointInterval
 	}
-	s := &Sweeper{d: d, cfg: cfg}
+	s := &Sweeper{d: d, cfg: cfg, rateChanged: make(chan struct{}, 1)}
 	s.cond.L = &s.mu
 	s.maxRate.Store(max(cfg.MaxRate, 0))
 	// Device.Suspend holds it; one made while the device is suspended starts held.
@@ -93,8 +94,15 @@ func NewSweeper(d *Device, cfg SweeperConfig) *Sweeper {
 	return s
 }
 
-// SetMaxRate changes SweeperConfig.MaxRate from the next step on (0: no bound).
-func (s *Sweeper) SetMaxRate(bytesPerSecond int64) { s.maxRate.Store(max(bytesPerSecond, 0)) }
+// SetMaxRate changes SweeperConfig.MaxRate (0: no bound), for the rest under way too: a
+// rest that a low bound made long ends as soon as the new bound allows.
+func (s *Sweeper) SetMaxRate(bytesPerSecond int64) {
+	s.maxRate.Store(max(bytesPerSecond, 0))
+	select {
+	case s.rateChanged <- struct{}{}:
+	default:
+	}
+}
 
 // Pause keeps the sweeper from starting another step, and returns once no step runs: the
 // device then has no sweep I/O under way until Resume.
@@ -216,21 +224,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if st.Cursor == st.Sectors {
 			break
 		}
-		var rest time.Duration
-		if s.cfg.Yield > 0 && busy {
-			rest = time.Duration(s.cfg.Yield * float64(took))
-		}
-		if r := s.maxRate.Load(); r > 0 {
-			rest = max(rest, time.Duration(float64(step)*float64(d.s)/float64(r)*float64(time.Second))-took)
-		}
-		if rest > 0 {
-			t := time.NewTimer(rest)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-		}
+		s.rest(ctx, int64(step)*int64(d.s), took, busy)
 	}
 	// The end is a step too: a suspend waits for it or holds it, since it needs the keys.
 	if !s.begin(ctx) {
@@ -245,6 +239,37 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		s.cfg.OnProgress(d.Reencryption())
 	}
 	return nil
+}
+
+// rest waits after a step of n bytes that took took (busy: client requests overlapped
+// it): a Yield of that time when busy, and as long as MaxRate asks, measured again when
+// SetMaxRate changes it; until ctx ends at the latest.
+func (s *Sweeper) rest(ctx context.Context, n int64, took time.Duration, busy bool) {
+	var yield time.Duration
+	if s.cfg.Yield > 0 && busy {
+		yield = time.Duration(s.cfg.Yield * float64(took))
+	}
+	start := time.Now()
+	for {
+		rest := yield
+		if r := s.maxRate.Load(); r > 0 {
+			rest = max(rest, time.Duration(float64(n)/float64(r)*float64(time.Second))-took)
+		}
+		rest -= time.Since(start)
+		if rest <= 0 {
+			return
+		}
+		t := time.NewTimer(rest)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+			return
+		case <-s.rateChanged:
+			t.Stop()
+		}
+	}
 }
 
 // finish ends the re-encryption once the sweep has reached the end.

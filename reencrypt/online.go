@@ -181,8 +181,8 @@ func (o *Online) Resume() {
 	}
 }
 
-// SetMaxRate bounds the running sweep to about bytesPerSecond (0: no bound) from its
-// next step on; false if no sweep runs.
+// SetMaxRate bounds the running sweep to about bytesPerSecond (0: no bound), the rest
+// it takes now included; false if no sweep runs.
 func (o *Online) SetMaxRate(bytesPerSecond int64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
