@@ -31,7 +31,12 @@ func TestVMReceiveStarvation(t *testing.T) {
 	g := newGuest(t, recvStarveScript, "")
 	for _, conns := range []int{2, 1} {
 		t.Run(fmt.Sprintf("connections=%d", conns), func(t *testing.T) {
-			_, res := g.boot(t, fmt.Sprintf("eli.connections=%d", conns), 9*time.Minute)
+			console, res := g.boot(t, fmt.Sprintf("eli.connections=%d", conns), 9*time.Minute)
+			defer func() {
+				if t.Failed() {
+					t.Logf("the server's log and the kernel's nbd lines, from the guest:\n%s", serverLog(console))
+				}
+			}()
 			get := func(key string) string { return strings.Join(res[key], " ") }
 			num := func(key string) int {
 				n, err := strconv.Atoi(get(key))

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -557,19 +556,33 @@ func spawnServer(sd daemon.StateDir, cfg *daemon.Setup, in volume.Inherited, loc
 		}
 	}
 	child.ExtraFiles = []*os.File{provFile, lock.File(), setupR, readyW, idFile}
-	// Until the server has written its pid into the name's lock, the lock names this
-	// process, and 'eli detach' signals it: the server dies with this process for that
-	// while (it lets go of Pdeathsig then), or a detach, a Ctrl-C or a supervisor's stop
-	// of an attach still starting would end the attach alone and leave its server
-	// serving, holding the name. The signal follows the thread that started the child,
-	// which must not end meanwhile.
-	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	child.Env = append(os.Environ(), "ELI_STATE_DIR="+sd.Path)
+	// Until the server has written its pid into the name's lock, the lock names this
+	// process, and 'eli detach' signals it: a stop asked of this process meanwhile
+	// (detach's SIGTERM, a Ctrl-C, a supervisor's stop) goes on to the server, or the
+	// attach would end alone and leave its server serving, holding the name. This
+	// process then ends when the server does, saying that it did not start.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	stopForwarding := make(chan struct{})
+	defer func() {
+		signal.Stop(sigs)
+		close(stopForwarding)
+	}()
 	if err := child.Start(); err != nil {
 		return nil, fmt.Errorf("start server: %w", err)
 	}
+	go func() {
+		for {
+			select {
+			case sig := <-sigs:
+				child.Process.Signal(sig)
+			case <-stopForwarding:
+				return
+			}
+		}
+	}()
 	readyW.Close()
 	setupR.Close()
 
@@ -659,12 +672,6 @@ func runBackgroundServer(g *globalOptions) error {
 		log = slog.New(slog.NewTextHandler(daemon.NewRotatingLog(cfg.LogFile, os.Stderr, 0, 1), nil))
 	}
 	nameLock := sd.NameLockFromFile(lockf, cfg.Name) // names this process as the holder
-	// From now on 'eli detach' signals this process: it outlives the attach that
-	// started it (spawnServer).
-	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, 0, 0, 0, 0); err != nil {
-		mk.Wipe()
-		return fail(fmt.Errorf("outlive the attach: %w", err))
-	}
 	access := volume.ReadWrite
 	if cfg.ReadOnly {
 		access = volume.ReadOnly

@@ -146,8 +146,11 @@ func TestDetachOfStartingServer(t *testing.T) {
 			continue
 		}
 		syscall.Kill(parent, syscall.SIGTERM) // what detach sends the pid in the lock
-		cmd.Wait()
+		// The stop goes on to the server, stopped: it waits there, pending, until the
+		// server goes on; the attach ends when the server has.
+		waitPending(t, child, syscall.SIGTERM)
 		syscall.Kill(child, syscall.SIGCONT)
+		cmd.Wait()
 		deadline := time.Now().Add(time.Minute) // a hang guard
 		for daemon.ProcessRuns(child) || sd.Alive("s.img") {
 			if _, err := sd.ReadRecord("s.img"); err == nil {
@@ -204,6 +207,27 @@ func catchStartingServer(t *testing.T, sd daemon.StateDir, name string, parent i
 		}
 		if !held {
 			return child, true
+		}
+	}
+}
+
+// waitPending waits until sig is pending for process pid (/proc/PID/status, ShdPnd).
+func waitPending(t *testing.T, pid int, sig syscall.Signal) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v never came to process %d", sig, pid)
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "ShdPnd:"); ok {
+				if m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && m&(1<<(uint(sig)-1)) != 0 {
+					return
+				}
+			}
 		}
 	}
 }

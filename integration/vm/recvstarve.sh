@@ -45,16 +45,23 @@ round() {
 	r ${name}_receiving "$running"
 	r ${name}_rescuer "$rescuer"
 	before=$(dmesg | grep -c 'timed out')
-	slowest=0
+	slowest=0 failed=""
 	for cpu in 0 1; do
 		s=$(date +%s)
-		taskset -c $cpu dd if=/dev/nbd0 of=/dev/null bs=4k count=1 skip=$((cpu * 100 + 7)) iflag=direct 2>/dev/null || r ${name}_read_failed $cpu
+		taskset -c $cpu dd if=/dev/nbd0 of=/dev/null bs=4k count=1 skip=$((cpu * 100 + 7)) iflag=direct 2>/dev/null || { r ${name}_read_failed $cpu; failed=1; }
 		t=$(( $(date +%s) - s ))
 		[ $t -gt $slowest ] && slowest=$t
 	done
 	r ${name}_slowest_read "$slowest"
 	r ${name}_timeouts "$(( $(dmesg | grep -c 'timed out') - before ))"
 	r ${name}_warned "$(( $(warnings) - warned ))"
+	if [ -n "$failed" ]; then
+		# What the server and the kernel said, for the test to show.
+		echo ELI-SERVER-LOG-BEGIN
+		cat "$ELI_STATE_DIR/vol.log"
+		dmesg | grep -i -e nbd -e block | tail -40
+		echo ELI-SERVER-LOG-END
+	fi
 	eli detach vol >/tmp/detach.out 2>&1 || { r ${name}_detach_failed; cat /tmp/detach.out; }
 }
 # The first attach after boot: the pool of unbound high-priority workers has one idle
