@@ -182,9 +182,17 @@ func catchStartingServer(t *testing.T, sd daemon.StateDir, name string, parent i
 		if time.Now().After(deadline) {
 			t.Fatal("attach started no server")
 		}
+		if exited(parent) {
+			return 0, false // the whole attach was done before the server was seen
+		}
 		child = childOf(parent)
 	}
 	syscall.Kill(child, syscall.SIGSTOP)
+	for deadline := time.Now().Add(time.Minute); procState(child) != "T"; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) || exited(child) {
+			t.Fatalf("the server (pid %d) did not stop", child)
+		}
+	}
 	if b, _ := os.ReadFile(sd.File(name, ".lock")); strings.TrimSpace(string(b)) != strconv.Itoa(parent) {
 		return child, false
 	}
@@ -209,6 +217,26 @@ func catchStartingServer(t *testing.T, sd daemon.StateDir, name string, parent i
 			return child, true
 		}
 	}
+}
+
+// exited reports whether process pid (not waited for yet) has ended.
+func exited(pid int) bool {
+	st := procState(pid)
+	return st == "" || st == "Z"
+}
+
+// procState is process pid's state letter (/proc/PID/stat), or "" if there is none.
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
 }
 
 // waitPending waits until sig is pending for process pid (/proc/PID/status, ShdPnd).
