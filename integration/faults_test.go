@@ -48,7 +48,11 @@ func alive(e *env, pid int) bool {
 		return false
 	}
 	if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X') {
-		return false
+		// A killed process's first thread is a zombie before its other threads have
+		// ended, and its descriptors (its locks) go with the last of them: it counts as
+		// alive until then (a re-attach right after kill -9 found the volume held).
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		return len(tasks) > 1
 	}
 	args, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
