@@ -5,11 +5,10 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/elidisk/eli/blockdev"
+	"github.com/elidisk/eli/internal/elitest"
 	"github.com/elidisk/eli/keys"
 	"github.com/elidisk/eli/layout"
 	"github.com/elidisk/eli/provider"
@@ -18,39 +17,19 @@ import (
 	"github.com/elidisk/eli/volume"
 )
 
-var (
-	kdf  = keys.KDFParams{Time: 1, MemoryKiB: 8, Threads: 1}
-	pass = keys.Credentials{Passphrase: []byte("pw")}
-)
+var pass = keys.Credentials{Passphrase: []byte("test")} // elitest.Volume's
 
 // newVolume makes a volume of mode on a file, fills it with random data (one run of
 // sectors trimmed in authenticated modes) and returns the provider and the data.
 func newVolume(t *testing.T, version uint32, mode sector.Mode, size int64) (*provider.File, []byte) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "vol")
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
+	path, _, mk := elitest.VolumeVersion(t, t.TempDir(), size, mode, version)
+	mk.Wipe()
 	p, err := provider.Open(path, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	l, err := layout.PlanVersion(version, size, 4096, mode, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk, err := keys.Create(p, l, pass, kdf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mk.Wipe()
-	if err := blockdev.Format(p, l); err != nil {
-		t.Fatal(err)
-	}
 	d, k := openDevice(t, p)
 	defer k.Wipe()
 	data := make([]byte, d.Size())

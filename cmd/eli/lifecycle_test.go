@@ -220,10 +220,7 @@ func catchStartingServer(t *testing.T, sd daemon.StateDir, name string, parent i
 }
 
 // exited reports whether process pid (not waited for yet) has ended.
-func exited(pid int) bool {
-	st := procState(pid)
-	return st == "" || st == "Z"
-}
+func exited(pid int) bool { return !daemon.ProcessRuns(pid) }
 
 // procState is process pid's state letter (/proc/PID/stat), or "" if there is none.
 func procState(pid int) string {
